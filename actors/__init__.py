@@ -1,0 +1,1 @@
+"""Thin Ray actor shells around cast_rl library objects."""

@@ -1,0 +1,151 @@
+"""Load a :class:`CastConfig` from defaults, a YAML file and dotted overrides.
+
+Layers merge in order: the dataclass defaults, the YAML file (which may name a ``base:`` YAML file
+of its own, resolved relative to it), then command-line overrides such as ``learner.lr=1e-6``.
+Every problem becomes a one-line :class:`ConfigError` naming the key, the value and what is
+allowed, raised before anything starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from cast_rl.config.schema import CastConfig
+
+BASE_KEY = "base"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, stated in one line."""
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> CastConfig:
+    """The resolved, validated configuration."""
+    merged = _schema()
+    if path is not None:
+        for layer_path, layer in _yaml_layers(Path(path)):
+            merged = _merge(merged, layer, str(layer_path))
+    if overrides:
+        merged = _merge(merged, _dotlist(overrides), "command line")
+    try:
+        cfg = OmegaConf.to_object(merged)
+    except ValueError as exc:  # __post_init__ validation names the key itself
+        raise ConfigError(f"config error: {exc}") from None
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"config error: {_describe(exc)}") from None
+    assert isinstance(cfg, CastConfig)
+    return cfg
+
+
+def to_yaml(cfg: CastConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_dict(cfg: CastConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def _schema() -> DictConfig:
+    schema = OmegaConf.structured(CastConfig)
+    _writable(schema)
+    return schema
+
+
+def _writable(node: DictConfig) -> None:
+    """Frozen dataclasses mark every node read-only; merging needs them writable."""
+    OmegaConf.set_readonly(node, None)
+    for key in node:
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            _writable(child)
+
+
+def _yaml_layers(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[Path, DictConfig]]:
+    path = path.resolve()
+    if not path.is_file():
+        raise ConfigError(f"config error: config file {path} does not exist")
+    if path in seen:
+        raise ConfigError(f"config error: {BASE_KEY}: chain loops back to {path}")
+    try:
+        layer = OmegaConf.load(path)
+    except Exception as exc:  # yaml.YAMLError and friends: report file and reason
+        raise ConfigError(f"config error: {path} is not valid YAML: {exc}".replace("\n", " ")) from None
+    if not isinstance(layer, DictConfig):
+        raise ConfigError(f"config error: {path} must hold a mapping of keys, not a list")
+    layers: list[tuple[Path, DictConfig]] = []
+    if BASE_KEY in layer:
+        base = layer.pop(BASE_KEY)
+        if not isinstance(base, str):
+            raise ConfigError(f"config error: {BASE_KEY}={base!r} in {path} must be a file path")
+        layers.extend(_yaml_layers(path.parent / base, seen + (path,)))
+    layers.append((path, layer))
+    return layers
+
+
+def _dotlist(overrides: list[str]) -> DictConfig:
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"config error: override {item!r} must look like key=value, e.g. learner.lr=1e-6")
+    return OmegaConf.from_dotlist(overrides)
+
+
+def _merge(merged: DictConfig, layer: DictConfig, source: str) -> DictConfig:
+    try:
+        out = OmegaConf.merge(merged, layer)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"config error ({source}): {_describe(exc)}") from None
+    assert isinstance(out, DictConfig)
+    return out
+
+
+def _describe(exc: OmegaConfBaseException) -> str:
+    key = getattr(exc, "full_key", None)
+    if not key:
+        return str(exc).splitlines()[0]
+    if isinstance(exc, ConfigKeyError):
+        parent = key.rsplit(".", 1)[0] if "." in key else ""
+        allowed = _allowed_keys(parent)
+        where = f" of {parent}" if parent else ""
+        return f"unknown key {key!r}; allowed keys{where}: {', '.join(allowed)}"
+    if isinstance(exc, ValidationError):
+        value = getattr(exc, "value", None)
+        expected = _expected_type(key)
+        return f"{key}={value!r} is not allowed; expected {expected}"
+    return str(exc).splitlines()[0]
+
+
+def _node_type(dotted: str) -> Any:
+    node: Any = CastConfig
+    for part in filter(None, dotted.split(".")):
+        name, _, index = part.partition("[")
+        if not dataclasses.is_dataclass(node):
+            return None
+        hints = typing.get_type_hints(node)
+        if name not in hints:
+            return None
+        node = hints[name]
+        if index:  # a list element: the element type
+            node = typing.get_args(node)[0] if typing.get_args(node) else None
+    return node
+
+
+def _allowed_keys(parent: str) -> list[str]:
+    node = _node_type(parent)
+    if node is None or not dataclasses.is_dataclass(node):
+        return []
+    return [f.name for f in dataclasses.fields(node)]
+
+
+def _expected_type(key: str) -> str:
+    node = _node_type(key)
+    if node is None:
+        return "a valid value"
+    if dataclasses.is_dataclass(node):
+        return f"a mapping with keys {', '.join(f.name for f in dataclasses.fields(node))}"
+    return getattr(node, "__name__", str(node))

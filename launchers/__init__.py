@@ -1,0 +1,1 @@
+"""Entry points: parse config, start or join Ray, run the driver."""

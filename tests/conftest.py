@@ -1,0 +1,55 @@
+"""Shared fixtures: heavy real parts (tiny models, the vLLM engine) start once per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS_DIR = REPO_ROOT.parent / "shared" / "benchmarks"
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def benchmarks_dir() -> Path:
+    """The public benchmark data beside the repo (../shared/benchmarks); skips when absent."""
+    if not (BENCHMARKS_DIR / "README.md").exists():
+        pytest.skip(f"benchmark data not found at {BENCHMARKS_DIR} (it lives beside the repo)")
+    return BENCHMARKS_DIR
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3 + BPE tokenizer built offline, shared by the whole session."""
+    from cast_rl.models.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def vllm_llm(tiny_model_dir: Path):
+    """One real vLLM (vllm-cpu) engine over the tiny model for the session (~25-60 s to start)."""
+    from vllm import LLM
+
+    llm = LLM(
+        model=str(tiny_model_dir),
+        dtype="float32",
+        enforce_eager=True,
+        gpu_memory_utilization=0.1,
+        max_model_len=2048,
+        seed=0,
+    )
+    yield llm
+    del llm

@@ -1,0 +1,97 @@
+"""Every config file loads; bad keys and values fail at load time with one line naming the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cast_rl.config import CastConfig, ConfigError, load_config, to_yaml
+from cast_rl.config.schema import field_docs
+
+CONFIG_FILES = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml"))
+
+
+def test_there_are_configs() -> None:
+    assert CONFIG_FILES
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=[p.name for p in CONFIG_FILES])
+def test_every_config_file_loads(path: Path) -> None:
+    cfg = load_config(path)
+    assert isinstance(cfg, CastConfig)
+    # A round trip through YAML gives the same config: nothing is lost in `config show`.
+    dumped = path.parent / "__roundtrip__.yaml"
+    try:
+        dumped.write_text(to_yaml(cfg))
+        assert load_config(dumped) == cfg
+    finally:
+        dumped.unlink()
+
+
+def test_overrides_apply_and_keep_types() -> None:
+    cfg = load_config(None, ["learner.lr=1e-6", "env.task_indices=[1,2]", "critic.verification_budget=2"])
+    assert cfg.learner.lr == 1e-6
+    assert cfg.env.task_indices == [1, 2]
+    assert cfg.critic.verification_budget == 2
+    assert load_config().learner.lr == CastConfig().learner.lr
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("learner.lrr=1e-6", "unknown key 'learner.lrr'; allowed keys of learner: num_workers, lr,"),
+        ("learner.lr=fast", "learner.lr='fast' is not allowed; expected float"),
+        ("env.domain=banking", "env.domain='banking' is not allowed; choose one of retail, airline"),
+        ("rollout.num_workers=0", "rollout.num_workers=0 is not allowed; it must be > 0"),
+        ("learner.global_batch_size=10", "learner.global_batch_size=10 is not allowed"),
+        ("nonsense=1", "unknown key 'nonsense'"),
+    ],
+)
+def test_bad_key_or_value_names_the_key(override: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    message = str(info.value)
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_bad_key_in_yaml_names_file_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("learner:\n  lr: 1e-6\n  warmup: 3\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*unknown key 'learner\.warmup'"):
+        load_config(path)
+
+
+def test_base_chain(tmp_path: Path) -> None:
+    (tmp_path / "base.yaml").write_text("learner:\n  lr: 0.5\nseed: 3\n")
+    (tmp_path / "child.yaml").write_text("base: base.yaml\nseed: 4\n")
+    cfg = load_config(tmp_path / "child.yaml")
+    assert (cfg.learner.lr, cfg.seed) == (0.5, 4)
+
+
+def test_every_field_is_documented() -> None:
+    import dataclasses
+
+    from cast_rl.config import schema
+
+    for obj in vars(schema).values():
+        if dataclasses.is_dataclass(obj) and obj.__module__ == schema.__name__:
+            for name, doc in field_docs(obj).items():
+                assert doc, f"{obj.__name__}.{name} has no docstring"
+
+
+def test_cli_config_show_and_one_line_error() -> None:
+    ok = subprocess.run(
+        [sys.executable, "-m", "cast_rl.cli", "config", "show", "default", "learner.lr=0.001"],
+        capture_output=True, text=True, check=True,
+    )
+    assert "lr: 0.001" in ok.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "cast_rl.cli", "config", "show", "default", "learner.lr=abc"],
+        capture_output=True, text=True,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "config error (command line): learner.lr='abc' is not allowed; expected float"
