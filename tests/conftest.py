@@ -31,11 +31,25 @@ def benchmarks_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Qwen3 + BPE tokenizer built offline, shared by the whole session."""
-    from cast_rl.models.tiny import make_tiny_model
+def retail_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Generated retail data (the embedded default's kind), shared by the whole session."""
+    from cast_rl.envs.generate import write_retail
 
-    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0)
+    out = tmp_path_factory.mktemp("data") / "retail"
+    write_retail(out, seed=0, num_tasks=24)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, retail_data_dir: Path) -> Path:
+    """A tiny Qwen3 + BPE tokenizer (trained on the generated retail text), built offline."""
+    from cast_rl.models.tiny import corpus_from_paths, make_tiny_model
+
+    return make_tiny_model(
+        tmp_path_factory.mktemp("models") / "tiny",
+        seed=0,
+        extra_corpus=corpus_from_paths([retail_data_dir]),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -53,3 +67,18 @@ def vllm_llm(tiny_model_dir: Path):
     )
     yield llm
     del llm
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A private local Ray (2 CPUs, no dashboard) for the session; actors import from the repo."""
+    import ray
+
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(REPO_ROOT), "TOKENIZERS_PARALLELISM": "false"}},
+        log_to_driver=False,
+    )
+    yield ray
+    ray.shutdown()

@@ -15,20 +15,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tiny.add_argument("--hidden-size", type=int, default=128)
     tiny.add_argument("--num-layers", type=int, default=2)
     tiny.add_argument(
-        "--corpus", action="append", default=[], help="extra text files for the tokenizer (repeatable)"
+        "--corpus",
+        action="append",
+        default=[],
+        help="text files or directories (e.g. a domain data dir) to train the tokenizer on; repeatable",
     )
     tiny.set_defaults(func=_make_tiny)
 
 
 def _make_tiny(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from cast_rl.models.tiny import TinyModelSpec, make_tiny_model
+    from cast_rl.models.tiny import TinyModelSpec, corpus_from_paths, make_tiny_model
 
     spec = TinyModelSpec(
         vocab_size=args.vocab_size, hidden_size=args.hidden_size, num_layers=args.num_layers
     )
-    extra = [Path(p).read_text() for p in args.corpus]
+    extra = corpus_from_paths(args.corpus)
     out = make_tiny_model(args.out_dir, spec=spec, seed=args.seed, extra_corpus=extra)
     print(out)
     return 0

@@ -62,6 +62,18 @@ class TinyModelSpec:
             raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads")
 
 
+def corpus_from_paths(paths: list[str | Path]) -> list[str]:
+    """Text for the tokenizer from files and directories (every *.md, *.json, *.txt below them).
+
+    Training the tokenizer on a domain's policy, tool schemas and tasks keeps prompts short.
+    """
+    texts = []
+    for path in map(Path, paths):
+        files = sorted(p for ext in ("*.md", "*.json", "*.txt") for p in path.rglob(ext)) if path.is_dir() else [path]
+        texts.extend(f.read_text(encoding="utf-8") for f in files)
+    return texts
+
+
 def chat_template() -> str:
     return resources.files("cast_rl.assets").joinpath("chat_template.jinja").read_text()
 

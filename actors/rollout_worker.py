@@ -1,0 +1,49 @@
+"""Ray actor shell of :class:`cast_rl.rollout.worker.RolloutWorker` (engine + environment pool).
+
+Each method is one line of intent that calls into the library.  The actor is async, so the
+episodes of a ``collect`` call and the vLLM engine's output loop share one event loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from cast_rl.config.schema import CastConfig
+from cast_rl.rollout.trajectory import Trajectory
+
+
+@ray.remote
+class RolloutWorkerActor:
+    def __init__(self, cfg: CastConfig, worker_index: int) -> None:
+        from cast_rl.envs.setup import load_env_data
+        from cast_rl.inference import build_engine
+        from cast_rl.rollout.verifiers import build_verifier
+        from cast_rl.rollout.worker import RolloutWorker
+
+        engine = build_engine(cfg.policy.path, cfg.inference, seed=cfg.seed + worker_index)
+        self.worker = RolloutWorker(
+            cfg, load_env_data(cfg), engine, build_verifier(cfg), worker_index=worker_index
+        )
+
+    def ready(self) -> bool:
+        return True
+
+    async def collect(self, units: list[tuple[str, int, int]]) -> list[Trajectory]:
+        return await self.worker.collect(units)
+
+    async def update_weights(self, version: int, state: dict[str, Any], checksum: str) -> int:
+        return await self.worker.update_weights(version, state, checksum)
+
+    def pause(self) -> None:
+        self.worker.pause()
+
+    def resume(self) -> None:
+        self.worker.resume()
+
+    def version(self) -> int:
+        return self.worker.version
+
+    def metrics(self) -> dict[str, float]:
+        return self.worker.metrics()

@@ -1,0 +1,18 @@
+"""Inference engines (vLLM, OpenAI-compatible) behind one interface."""
+
+from cast_rl.inference.base import Completion, GenerationTimeout, InferenceEngine, Sampling
+
+__all__ = ["Completion", "GenerationTimeout", "InferenceEngine", "Sampling", "build_engine"]
+
+
+def build_engine(model_path: str, cfg, seed: int = 0) -> InferenceEngine:  # noqa: ANN001
+    """The engine named by ``cfg.backend`` (an :class:`InferenceConfig`)."""
+    if cfg.backend == "vllm":
+        from cast_rl.inference.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_path, cfg, seed=seed)
+    if cfg.backend == "openai":
+        from cast_rl.inference.openai_engine import OpenAIEngine
+
+        return OpenAIEngine(model_path, cfg)
+    raise ValueError(f"inference.backend={cfg.backend!r} is not allowed; choose vllm or openai")

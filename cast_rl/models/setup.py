@@ -1,0 +1,38 @@
+"""Make sure the models a run needs exist (building tiny offline ones for the embedded default)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from cast_rl.config.schema import CastConfig, ModelConfig
+
+logger = logging.getLogger(__name__)
+
+
+def ensure_model(model: ModelConfig, corpus_dirs: list[Path] | None = None) -> Path:
+    """The model directory; with ``make_tiny_if_missing`` a tiny model is built there first."""
+    path = Path(model.path)
+    if (path / "config.json").exists():
+        return path
+    if not model.make_tiny_if_missing:
+        raise FileNotFoundError(
+            f"model directory {path} has no config.json; give a local Hugging Face model "
+            "directory or set make_tiny_if_missing=true"
+        )
+    from cast_rl.models.tiny import corpus_from_paths, make_tiny_model
+
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    make_tiny_model(tmp, seed=model.seed, extra_corpus=corpus_from_paths(corpus_dirs or []))
+    try:
+        tmp.rename(path)
+    except OSError:  # built concurrently elsewhere
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def ensure_policy_model(cfg: CastConfig, data) -> Path:  # noqa: ANN001
+    return ensure_model(cfg.policy, [data.data_dir])

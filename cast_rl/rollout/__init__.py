@@ -1,0 +1,1 @@
+"""Rollouts: episode runner, token bookkeeping, trajectories, critic-in-the-loop hook."""

@@ -1,0 +1,115 @@
+"""Fan rollout work out over N rollout-worker actors, surviving worker crashes.
+
+Work is a list of (split, task_index, trial) units cut into chunks; each idle worker takes the next
+chunk.  If a worker dies mid-chunk (engine crash, node preemption), Ray restarts the actor
+(``rollout.max_restarts``) and the chunk goes back on the queue: its episodes run again from the
+start, and results are keyed by unit so nothing is lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+from cast_rl.config.schema import CastConfig
+from cast_rl.rollout.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+
+Unit = tuple[str, int, int]
+_WORKER_FAILURES = (RayActorError, ActorDiedError, ActorUnavailableError)
+
+
+class RolloutGroup:
+    """N :class:`actors.rollout_worker.RolloutWorkerActor` and the work queue between them."""
+
+    def __init__(self, cfg: CastConfig, num_workers: int | None = None) -> None:
+        from actors.rollout_worker import RolloutWorkerActor
+
+        self.cfg = cfg
+        n = num_workers or cfg.rollout.num_workers
+        options = {
+            "num_cpus": cfg.rollout.num_cpus_per_worker,
+            "num_gpus": cfg.rollout.num_gpus_per_worker,
+            "max_restarts": cfg.rollout.max_restarts,
+            "max_task_retries": 0,  # we resubmit chunks ourselves, keyed by unit
+        }
+        self.workers = [RolloutWorkerActor.options(**options).remote(cfg, i) for i in range(n)]
+        self.resubmitted_chunks = 0
+        ray.get([w.ready.remote() for w in self.workers])
+
+    def collect(
+        self,
+        units: list[Unit],
+        on_done: Callable[[Trajectory], None] | None = None,
+        chunk_size: int | None = None,
+    ) -> list[Trajectory]:
+        """One trajectory per unit (in the order given), whatever crashes happen on the way."""
+        if len(set(units)) != len(units):
+            raise ValueError("collect() got duplicate (split, task_index, trial) units")
+        size = chunk_size or max(1, min(self.cfg.rollout.episodes_in_flight, -(-len(units) // (2 * len(self.workers)))))
+        queue: deque[list[Unit]] = deque(units[i : i + size] for i in range(0, len(units), size))
+        done: dict[Unit, Trajectory] = {}
+        running: dict[Any, tuple[int, list[Unit]]] = {}
+        idle = list(range(len(self.workers)))
+        while queue or running:
+            while queue and idle:
+                w = idle.pop(0)
+                chunk = queue.popleft()
+                running[self.workers[w].collect.remote(chunk)] = (w, chunk)
+            ready, _ = ray.wait(list(running), num_returns=1)
+            ref = ready[0]
+            w, chunk = running.pop(ref)
+            try:
+                trajectories = ray.get(ref)
+            except _WORKER_FAILURES as exc:
+                logger.warning("rollout worker %d failed (%s); requeueing %d episodes", w, type(exc).__name__, len(chunk))
+                self.resubmitted_chunks += 1
+                queue.appendleft(chunk)
+                self._wait_alive(w)
+                idle.append(w)
+                continue
+            for traj in trajectories:
+                unit = (traj.split, traj.task_index, traj.trial)
+                if unit in done:  # cannot happen with unit-keyed chunks; guard the invariant
+                    raise AssertionError(f"duplicate trajectory for {unit}")
+                done[unit] = traj
+                if on_done is not None:
+                    on_done(traj)
+            idle.append(w)
+        missing = [u for u in units if u not in done]
+        assert not missing, f"lost units {missing[:5]}"
+        return [done[u] for u in units]
+
+    def _wait_alive(self, w: int, timeout_s: float = 600.0) -> None:
+        """Block until the restarted actor answers (its engine reloads), or give up loudly."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ray.get(self.workers[w].ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                return
+            except _WORKER_FAILURES:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)  # Ray is still restarting the actor: back off, then ask again
+
+    def update_weights(self, version: int, state_ref: Any, checksum: str) -> list[int]:
+        """Every worker loads the published weights (one object-store put, many readers)."""
+        return ray.get([w.update_weights.remote(version, state_ref, checksum) for w in self.workers])
+
+    def metrics(self) -> dict[str, float]:
+        merged: dict[str, float] = {}
+        for m in ray.get([w.metrics.remote() for w in self.workers]):
+            for k, v in m.items():
+                merged[k] = merged.get(k, 0) + v if not k.endswith(("_rate", "_per_s", "_per_episode", "policy_version")) else max(merged.get(k, 0), v)
+        return merged
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            ray.kill(w)

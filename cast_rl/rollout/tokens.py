@@ -1,0 +1,157 @@
+"""Exact token bookkeeping for multi-turn episodes.
+
+A conversation is kept as token ids that the learner can trust: the policy's generated ids are
+appended verbatim (``loss_mask`` 1, engine logprobs), and everything else (system, user, tool,
+critic turns and chat-template glue) is appended as the *difference* between two renderings of
+the conversation by the tokenizer's own chat template (``loss_mask`` 0).  Two details other
+systems get wrong:
+
+* the template writes ``<|im_end|>\\n`` after every turn, but the policy stops at ``<|im_end|>``:
+  the newline is appended as a context token before the next turn (and at the end), so no
+  newline is lost at a turn boundary;
+* a turn cut off by ``max_new_tokens`` gets its end-of-turn token appended (loss_mask 0).
+
+Deltas always begin right after a special token, where byte-level BPE cannot merge across the
+boundary, so encoding a delta equals the corresponding slice of encoding the whole text.  Then
+``token_ids`` equals re-tokenising the final conversation whenever the policy's own tokens are the
+canonical tokenisation of its text and its turn re-renders to the same text; :attr:`consistent`
+says whether that held (it is reported as a rollout metric, never silently assumed).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cast_rl.inference.base import Completion
+from cast_rl.models.chat import ParsedTurn, parse_assistant
+
+
+class ConversationTokens:
+    """Messages plus their token ids, loss mask and logprobs, built turn by turn."""
+
+    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None) -> None:
+        self.tokenizer = tokenizer
+        self.tools = tools or None
+        self.messages: list[dict[str, Any]] = []
+        self.token_ids: list[int] = []
+        self.loss_mask: list[int] = []
+        self.logprobs: list[float] = []
+        self.consistent = True
+        """False once the policy sampled a non-canonical tokenisation of its text, or a turn did
+        not re-render to the text it generated; then only the text, not every id, matches."""
+        self._text = ""  # exactly the text that self.token_ids decode to
+        self._eos_id: int = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+        self._newline_pending = False
+        self._open_prompt = (0, 0)  # (tokens, chars) of a generation prompt not yet answered
+        self.policy_tokens = 0
+
+    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=self.tools, tokenize=False, add_generation_prompt=generation_prompt
+        )
+
+    def _append_context_text(self, text: str) -> None:
+        if not text:
+            return
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        self.token_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self._text += text
+
+    def add_context(self, new_messages: list[dict[str, Any]], generation_prompt: bool = True) -> None:
+        """Append non-policy messages (and the assistant generation prompt) as context tokens."""
+        before = self._render(self.messages, generation_prompt=False) if self.messages else ""
+        self.messages.extend(new_messages)
+        after = self._render(self.messages, generation_prompt=False)
+        if self._newline_pending:  # the "\n" after the policy's <|im_end|>
+            self._newline_pending = False
+            if not before.endswith("\n"):
+                raise AssertionError("chat template must end every turn with a newline")
+            self._append_context_text("\n")
+        if not after.startswith(before):
+            raise AssertionError("chat template re-rendered earlier turns differently")
+        if self._text != before and self.consistent:
+            self.consistent = False
+        self._append_context_text(after[len(before) :])
+        if self.consistent and self._text != after:
+            self.consistent = False
+        if generation_prompt:
+            prompt = self._render(self.messages, generation_prompt=True)[len(after) :]
+            n = len(self.token_ids)
+            self._append_context_text(prompt)
+            self._open_prompt = (len(self.token_ids) - n, len(prompt))
+
+    def add_policy_turn(self, completion: Completion) -> tuple[dict[str, Any], ParsedTurn]:
+        """Append generated ids verbatim; returns the assistant message and its parse."""
+        self._open_prompt = (0, 0)
+        ids, logprobs = list(completion.token_ids), list(completion.logprobs)
+        if len(logprobs) != len(ids):
+            logprobs = (logprobs + [0.0] * len(ids))[: len(ids)]
+        self.token_ids += ids
+        self.loss_mask += [1] * len(ids)
+        self.logprobs += logprobs
+        self.policy_tokens += len(ids)
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        self._text += text
+        body = ids[:-1] if ids and ids[-1] == self._eos_id else ids
+        if self.consistent and self.tokenizer(text, add_special_tokens=False).input_ids[: len(body)] != body:
+            self.consistent = False  # sampled a non-canonical tokenisation of its own text
+        eos = self.tokenizer.eos_token
+        if not ids or ids[-1] != self._eos_id:  # cut off by max_new_tokens: close the turn
+            self.token_ids.append(self._eos_id)
+            self.loss_mask.append(0)
+            self.logprobs.append(0.0)
+            self._text += eos
+        else:
+            text = text[: -len(eos)]
+        parsed = parse_assistant(text)
+        message = assistant_message(parsed, raw_text=text, turn=len(self.messages))
+        self.messages.append(message)
+        self._newline_pending = True
+        return message, parsed
+
+    def finish(self) -> None:
+        """Close the conversation: the final "\\n" after the last turn, no dangling prompt."""
+        n_tokens, n_chars = self._open_prompt
+        if n_tokens:  # the episode ended before the policy answered the last prompt
+            del self.token_ids[-n_tokens:], self.loss_mask[-n_tokens:], self.logprobs[-n_tokens:]
+            self._text = self._text[:-n_chars]
+            self._open_prompt = (0, 0)
+        if self._newline_pending:
+            self._newline_pending = False
+            self._append_context_text("\n")
+        if self.consistent and self._text != self._render(self.messages, generation_prompt=False):
+            self.consistent = False
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+def assistant_message(parsed: ParsedTurn, raw_text: str, turn: int) -> dict[str, Any]:
+    """The OpenAI-style assistant message for a generated turn.
+
+    Well-formed calls become ``tool_calls`` (arguments as the JSON string the chat template
+    writes back); a turn with malformed markup keeps its raw text as content so that it
+    re-renders to what the policy wrote.
+    """
+    if parsed.errors or not parsed.tool_calls:
+        return {"role": "assistant", "content": raw_text}
+    # The template writes content, a newline, then the calls: keep the raw prefix so that a
+    # canonically formatted turn re-renders byte for byte.
+    prefix = raw_text[: raw_text.index("<tool_call>")]
+    message: dict[str, Any] = {"role": "assistant", "content": prefix.removesuffix("\n")}
+    if parsed.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": f"call_{turn}_{i}",
+                "type": "function",
+                "function": {
+                    "name": call["name"],
+                    "arguments": json.dumps(call["arguments"], ensure_ascii=False),
+                },
+            }
+            for i, call in enumerate(parsed.tool_calls)
+        ]
+    return message

@@ -1,0 +1,148 @@
+"""The trajectory record: one episode, as JSON Lines on disk and as the learner's input.
+
+One line per episode::
+
+    {"domain": "retail", "split": "test", "task_index": 3, "trial": 0,
+     "reward": 1.0, "policy_version": 4,
+     "messages": [...],             # OpenAI-style: system, user, assistant (tool_calls), tool
+     "verification_rounds": [...],  # critic-in-the-loop rounds, see VerificationRound
+     "token_ids": [...], "loss_mask": [...], "logprobs": [...],
+     "info": {...}}                 # termination, malformed calls, token counts, timings
+
+Shapes: ``token_ids``, ``loss_mask`` and ``logprobs`` have one entry per token of the whole
+conversation as rendered by the policy's chat template.  ``loss_mask`` is 1 exactly on tokens
+the policy generated (including each turn's end-of-turn token) and 0 on system, user, tool and
+critic tokens; ``logprobs`` holds the engine's log-probability for policy tokens and 0.0
+elsewhere.  A critique shown to the policy is a ``user`` message with ``"name": "critic"``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+CRITIC_NAME = "critic"
+
+
+class TrajectoryFormatError(ValueError):
+    """A trajectory line that does not follow the format; names the file and line."""
+
+
+@dataclass
+class VerificationRound:
+    """One critique of a proposed action before it ran."""
+
+    message_index: int
+    """Index in ``messages`` of the proposal (an assistant message)."""
+    proposal: dict[str, Any]
+    """The proposed action ``{"name", "kwargs"}`` (``respond`` for a message to the user)."""
+    critique: dict[str, Any]
+    """The critic's answer in the rationale schema (verdict, error_type, explanation, ...)."""
+    revision: dict[str, Any] | None = None
+    """The action the policy proposed next, or None when the budget ran out."""
+
+
+@dataclass
+class Trajectory:
+    """One episode with its outcome and exact token bookkeeping."""
+
+    domain: str
+    split: str
+    task_index: int
+    trial: int
+    reward: float
+    policy_version: int
+    messages: list[dict[str, Any]]
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    verification_rounds: list[dict[str, Any]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str, int, int]:
+        """Identity of the episode: (domain, split, task_index, trial)."""
+        return (self.domain, self.split, self.task_index, self.trial)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Trajectory:
+        """Validate and build; raises ``ValueError`` saying what is wrong."""
+        if not isinstance(obj, dict):
+            raise ValueError("a trajectory line must be a JSON object")
+        missing = [k for k in _REQUIRED if k not in obj]
+        if missing:
+            raise ValueError(f"missing keys: {', '.join(missing)}")
+        unknown = sorted(set(obj) - set(_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown keys: {', '.join(unknown)}")
+        for key, types in _TYPES.items():
+            if key in obj and not isinstance(obj[key], types):
+                raise ValueError(f"{key} must be {_type_names(types)}, got {type(obj[key]).__name__}")
+        for i, message in enumerate(obj["messages"]):
+            if not isinstance(message, dict) or message.get("role") not in _ROLES:
+                raise ValueError(f"messages[{i}] must be an object with role in {sorted(_ROLES)}")
+        n = len(obj.get("token_ids", []))
+        for key in ("loss_mask", "logprobs"):
+            if len(obj.get(key, [])) != n:
+                raise ValueError(f"{key} has {len(obj.get(key, []))} entries, token_ids has {n}")
+        if any(m not in (0, 1) for m in obj.get("loss_mask", [])):
+            raise ValueError("loss_mask entries must be 0 or 1")
+        return cls(**obj)
+
+
+_FIELDS = tuple(Trajectory.__dataclass_fields__)
+_REQUIRED = ("domain", "split", "task_index", "trial", "reward", "policy_version", "messages")
+_ROLES = {"system", "user", "assistant", "tool"}
+_TYPES: dict[str, tuple[type, ...]] = {
+    "domain": (str,),
+    "split": (str,),
+    "task_index": (int,),
+    "trial": (int,),
+    "reward": (int, float),
+    "policy_version": (int,),
+    "messages": (list,),
+    "token_ids": (list,),
+    "loss_mask": (list,),
+    "logprobs": (list,),
+    "verification_rounds": (list,),
+    "info": (dict,),
+}
+
+
+def _type_names(types: tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in types)
+
+
+def write_trajectories(path: str | Path, trajectories: Iterable[Trajectory], append: bool = False) -> int:
+    """Write JSON Lines; returns how many were written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with path.open("a" if append else "w") as f:
+        for traj in trajectories:
+            f.write(json.dumps(traj.to_json(), ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+def iter_trajectories(path: str | Path) -> Iterator[Trajectory]:
+    """Read JSON Lines; a malformed line raises :class:`TrajectoryFormatError` naming it."""
+    path = Path(path)
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                yield Trajectory.from_json(json.loads(raw.decode("utf-8")))
+            except (ValueError, TypeError) as exc:
+                raise TrajectoryFormatError(f"{path}:{lineno}: not a trajectory: {exc}") from None
+
+
+def read_trajectories(path: str | Path) -> list[Trajectory]:
+    return list(iter_trajectories(path))

@@ -1,0 +1,139 @@
+"""A rollout worker: one policy engine, one domain's environments, an optional verifier.
+
+Plain library object; :mod:`actors.rollout_worker` is its Ray shell.  ``collect`` runs episodes
+concurrently through :class:`~cast_rl.rollout.runner.EpisodeRunner`; ``update_weights`` swaps the
+policy weights in place under a new version, pausing generation while it does so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from cast_rl.config.schema import CastConfig
+from cast_rl.envs.core import DomainData
+from cast_rl.inference.base import InferenceEngine, Sampling
+from cast_rl.inference.weight_sync import WeightSyncError, state_checksum
+from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
+from cast_rl.rollout.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+
+_PROBE = "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
+
+
+class PausableEngine:
+    """Wraps an engine so that generation waits while the worker is paused (weight updates)."""
+
+    def __init__(self, engine: InferenceEngine) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self._running = asyncio.Event()
+        self._running.set()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling):  # noqa: ANN201
+        await self._running.wait()
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            return await self.engine.generate(prompt_ids, sampling)
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+
+    async def chat(self, messages, sampling, tools=None):  # noqa: ANN001, ANN201
+        await self._running.wait()
+        return await self.engine.chat(messages, sampling, tools)
+
+    def pause(self) -> None:
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    async def drained(self) -> None:
+        await self._idle.wait()
+
+
+class RolloutWorker:
+    """Collects trajectories for (split, task_index, trial) units with versioned weights."""
+
+    def __init__(
+        self,
+        cfg: CastConfig,
+        data: DomainData,
+        engine: InferenceEngine,
+        verifier: Any = None,
+        worker_index: int = 0,
+    ) -> None:
+        self.cfg = cfg
+        self.worker_index = worker_index
+        self.engine = PausableEngine(engine)
+        self.version = 0
+        self.runner = EpisodeRunner(cfg, data, self.engine, verifier, policy_version=lambda: self.version)
+        self._busy_s = 0.0
+
+    async def collect(self, units: list[tuple[str, int, int]]) -> list[Trajectory]:
+        """Run one episode per (split, task_index, trial); results in the order given."""
+        t0 = time.perf_counter()
+        specs = [EpisodeSpec(split, index, trial) for split, index, trial in units]
+        try:
+            return await self.runner.run_many(specs)
+        finally:
+            self._busy_s += time.perf_counter() - t0
+
+    async def update_weights(self, version: int, state: dict[str, Any], checksum: str) -> int:
+        """Load new weights in place; refuses stale versions and corrupted payloads."""
+        if version <= self.version:
+            raise WeightSyncError(f"refusing weights version {version}: worker already serves {self.version}")
+        got = state_checksum(state)
+        if got != checksum:
+            raise WeightSyncError(f"weights version {version} failed its checksum ({got[:12]} != {checksum[:12]})")
+        before = await self._probe()
+        self.engine.pause()
+        try:
+            await self.engine.drained()
+            await self.engine.engine.load_weights(state)  # type: ignore[attr-defined]
+        finally:
+            self.engine.resume()
+        after = await self._probe()
+        if after == before:
+            raise WeightSyncError(f"weights version {version} loaded but generation did not change")
+        self.version = version
+        logger.info("worker %d now serves policy version %d", self.worker_index, version)
+        return version
+
+    async def _probe(self) -> list[float]:
+        """Greedy logprobs of a fixed prompt: they move whenever the served weights move."""
+        ids = self.engine.tokenizer(_PROBE, add_special_tokens=False).input_ids
+        out = await self.engine.engine.generate(ids, Sampling(max_new_tokens=4, temperature=0.0))
+        return [round(lp, 6) for lp in out.logprobs] + list(map(float, out.token_ids))
+
+    def pause(self) -> None:
+        self.engine.pause()
+
+    def resume(self) -> None:
+        self.engine.resume()
+
+    def metrics(self) -> dict[str, float]:
+        s = self.runner.stats
+        episodes = max(s.episodes, 1)
+        out = {
+            "rollout/episodes": s.episodes,
+            "rollout/policy_tokens": s.policy_tokens,
+            "rollout/policy_tokens_per_s": s.policy_tokens / self._busy_s if self._busy_s else 0.0,
+            "rollout/malformed_calls_per_episode": s.malformed_calls / episodes,
+            "rollout/extra_calls_dropped": s.extra_calls_dropped,
+            "rollout/critiques": s.critiques,
+            "rollout/token_inconsistent_rate": s.inconsistent_token_episodes / episodes,
+            "rollout/policy_version": self.version,
+        }
+        for reason, n in s.terminations.items():
+            out[f"rollout/termination/{reason}"] = n
+        return out

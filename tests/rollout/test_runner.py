@@ -1,0 +1,145 @@
+"""Episode runner logic with a scripted engine (a fake, for pure bookkeeping logic).
+
+The scripted engine answers with the canonical tokens of scripted turns, so the conversation's
+token ids must equal re-tokenising the final conversation with the chat template exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from cast_rl.config import load_config
+from cast_rl.envs.core import load_domain_data
+from cast_rl.inference.base import Completion, Sampling
+from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
+from cast_rl.rollout.trajectory import (
+    Trajectory,
+    TrajectoryFormatError,
+    read_trajectories,
+    write_trajectories,
+)
+
+
+class ScriptedEngine:
+    """Returns the n-th scripted turn for a prompt with n assistant turns in it (canonical ids)."""
+
+    def __init__(self, tokenizer, turns: list[str]) -> None:  # noqa: ANN001
+        self.tokenizer = tokenizer
+        self.turns = turns
+        self.prompts: list[list[int]] = []
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
+        self.prompts.append(list(prompt_ids))
+        text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        n = text.count("<|im_start|>assistant\n") - 1
+        body = self.turns[min(n, len(self.turns) - 1)]
+        ids = self.tokenizer(body, add_special_tokens=False).input_ids
+        ids.append(self.tokenizer.convert_tokens_to_ids("<|im_end|>"))
+        await asyncio.sleep(0)  # yield like a real engine
+        return Completion(text=body, token_ids=ids, logprobs=[-0.5] * len(ids))
+
+
+def _call(name: str, **kwargs) -> str:  # noqa: ANN003
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": kwargs}) + "\n</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_dir: Path, retail_data_dir: Path):  # noqa: ANN201
+    from transformers import AutoTokenizer
+
+    cfg = load_config(None, [f"env.data_dir={retail_data_dir}", "env.max_steps=6", "env.split=train"])
+    return cfg, load_domain_data("retail", retail_data_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def _run(cfg, data, engine, specs):  # noqa: ANN001, ANN202
+    runner = EpisodeRunner(cfg, data, engine)
+    return runner, asyncio.run(runner.run_many(specs, concurrency=4))
+
+
+def test_tokens_equal_retokenised_conversation(setup) -> None:  # noqa: ANN001
+    cfg, data, tok = setup
+    task = data.task("train", 0)
+    email_or_name = task.actions[0]
+    turns = [
+        "Hello! Please give me your email.",
+        _call(email_or_name.name, **email_or_name.kwargs),
+        "Thanks. Let me look at that.\n" + _call("get_user_details", user_id=task.user_id),
+        _call("not_a_tool", x=1),
+        '<tool_call>\n{"name": broken}\n</tool_call>',
+        "Goodbye.",
+    ]
+    engine = ScriptedEngine(tok, turns)
+    _, (traj,) = _run(cfg, data, engine, [EpisodeSpec("train", 0, 0)])
+    rendered = tok.apply_chat_template(traj.messages, tools=data.tools, tokenize=False)
+    assert traj.token_ids == tok(rendered, add_special_tokens=False).input_ids
+    assert traj.info["tokens_consistent"] is True
+    # The loss mask covers exactly the generated ids (each turn's body plus its <|im_end|>).
+    generated = sum(len(tok(t, add_special_tokens=False).input_ids) + 1 for t in turns)
+    assert sum(traj.loss_mask) == generated
+    policy_logprobs = [lp for lp, m in zip(traj.logprobs, traj.loss_mask) if m]
+    assert policy_logprobs == [-0.5] * generated
+    assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask) if not m)
+    # Every prompt the engine saw is a prefix of the final ids: nothing was re-tokenised.
+    for prompt in engine.prompts:
+        assert traj.token_ids[: len(prompt)] == prompt
+    roles = [m["role"] for m in traj.messages]
+    assert roles[:3] == ["system", "user", "assistant"]
+    assert traj.info["malformed_calls"] == 1
+    assert traj.info["termination"] == "max_steps"
+    unknown = next(m for m in traj.messages if m.get("name") == "not_a_tool")
+    assert unknown["content"] == "Unknown action not_a_tool"
+    malformed = [m for m in traj.messages if m["role"] == "tool" and m["tool_call_id"] == "invalid"]
+    assert len(malformed) == 1 and "malformed tool call" in malformed[0]["content"]
+
+
+def test_many_episodes_each_once_and_jsonl_roundtrip(setup, tmp_path: Path) -> None:  # noqa: ANN001
+    cfg, data, tok = setup
+    engine = ScriptedEngine(tok, ["How can I help?", "Bye."])
+    specs = [EpisodeSpec("train", i, t) for i in range(5) for t in range(3)]
+    runner, trajs = _run(cfg, data, engine, specs)
+    assert [(t.split, t.task_index, t.trial) for t in trajs] == [s.key for s in specs]
+    assert runner.stats.episodes == 15
+    path = tmp_path / "t.jsonl"
+    write_trajectories(path, trajs)
+    back = read_trajectories(path)
+    assert [b.to_json() for b in back] == [t.to_json() for t in trajs]
+
+
+def test_gold_policy_solves_task_with_reward_one(setup) -> None:  # noqa: ANN001
+    """A policy that asks for confirmation and runs the gold actions earns the source's reward 1."""
+    cfg, data, tok = setup
+    task = data.task("train", 1)
+    turns = []
+    for action in task.actions:
+        if action.name in data.spec.write_tools:
+            turns.append("I will " + action.name.replace("_", " ") + " with " + json.dumps(action.kwargs) + ". Do you confirm (yes/no)?")
+        turns.append(_call(action.name, **action.kwargs))
+    turns.append("All done. Anything else?")
+    cfg2 = load_config(None, [f"env.data_dir={data.data_dir}", "env.split=train", "env.max_steps=30", "inference.max_model_len=16384"])
+    _, (traj,) = _run(cfg2, data, ScriptedEngine(tok, turns), [EpisodeSpec("train", 1, 0)])
+    assert traj.info["tokens_consistent"]
+    assert traj.info["termination"] == "user_stop"
+    assert traj.reward == 1.0
+    rendered = tok.apply_chat_template(traj.messages, tools=data.tools, tokenize=False)
+    assert traj.token_ids == tok(rendered, add_special_tokens=False).input_ids
+
+
+def test_malformed_line_names_file_and_line(tmp_path: Path) -> None:
+    good = Trajectory("retail", "test", 0, 0, 1.0, 0, [{"role": "user", "content": "hi"}])
+    path = tmp_path / "t.jsonl"
+    write_trajectories(path, [good])
+    with path.open("a") as f:
+        f.write('{"domain": "retail"}\n')
+    with pytest.raises(TrajectoryFormatError, match=r"t\.jsonl:2: not a trajectory: missing keys"):
+        read_trajectories(path)
+    path.write_bytes(b'\xff\xfe{"x": 1}\n')
+    with pytest.raises(TrajectoryFormatError, match=r"t\.jsonl:1"):
+        read_trajectories(path)
+    bad_mask = good.to_json() | {"token_ids": [1, 2], "loss_mask": [1], "logprobs": [0.0, 0.0]}
+    path.write_text(json.dumps(bad_mask) + "\n")
+    with pytest.raises(TrajectoryFormatError, match="loss_mask has 1 entries, token_ids has 2"):
+        read_trajectories(path)
