@@ -220,6 +220,8 @@ def call_tool(data: DomainData, db: Database, action: Action, timeout_s: float =
         observation = tool.invoke(data=db, **kwargs)
     except Exception as exc:  # the source shows every tool exception to the agent
         observation = f"Error: {exc}"
+    if not isinstance(observation, str):  # airline send_certificate returns None in the source
+        observation = str(observation)
     elapsed = time.perf_counter() - start
     if timeout_s and elapsed > timeout_s:
         logger.warning("tool %s took %.1f s (tool_timeout_s=%s)", name, elapsed, timeout_s)

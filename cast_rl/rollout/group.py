@@ -42,6 +42,8 @@ class RolloutGroup:
         }
         self.workers = [RolloutWorkerActor.options(**options).remote(cfg, i) for i in range(n)]
         self.resubmitted_chunks = 0
+        # The budget every worker uses now; re-applied to a restarted worker.
+        self.verification_budget = cfg.critic.verification_budget
         ray.get([w.ready.remote() for w in self.workers])
 
     def collect(
@@ -93,6 +95,9 @@ class RolloutGroup:
         while True:
             try:
                 ray.get(self.workers[w].ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                if self.verification_budget != self.cfg.critic.verification_budget:
+                    # a restarted actor is rebuilt from the construction config
+                    ray.get(self.workers[w].set_verification_budget.remote(self.verification_budget))
                 return
             except _WORKER_FAILURES:
                 if time.monotonic() > deadline:
@@ -102,6 +107,15 @@ class RolloutGroup:
     def update_weights(self, version: int, state_ref: Any, checksum: str) -> list[int]:
         """Every worker loads the published weights (one object-store put, many readers)."""
         return ray.get([w.update_weights.remote(version, state_ref, checksum) for w in self.workers])
+
+    def set_verification_budget(self, budget: int) -> None:
+        """Every worker runs later episodes with this many critique-revise rounds (0: no critic).
+
+        Lets one group (one vLLM engine per worker) serve a sweep of budgets; call it between
+        ``collect`` calls.
+        """
+        ray.get([w.set_verification_budget.remote(budget) for w in self.workers])
+        self.verification_budget = budget
 
     def metrics(self) -> dict[str, float]:
         merged: dict[str, float] = {}

@@ -137,7 +137,7 @@ class EpisodeRunner:
                     error = {"role": "tool", "tool_call_id": "invalid", "content": action}
                     conv.add_context([error], generation_prompt=more)
                     continue
-                result = await asyncio.wait_for(episode.step(action), self.cfg.user.timeout_s)
+                result = await self._execute(episode, action)
                 if action.name == RESPOND:
                     reply = {"role": "user", "content": result.observation}
                 else:
@@ -155,7 +155,9 @@ class EpisodeRunner:
                     break
         except GenerationTimeout:
             termination = "generation_timeout"
-        except asyncio.TimeoutError:
+        except _StepTimeout as exc:
+            termination = exc.reason
+        except asyncio.TimeoutError:  # the user's opening message
             termination = "user_timeout"
         conv.finish()
         return self._record(spec, conv, reward, termination, rounds, counters, versions, t0)
@@ -186,6 +188,25 @@ class EpisodeRunner:
             rounds.append(VerificationRound(len(conv.messages) - 1, action.to_json(), critique.to_json()))
             conv.add_context([{"role": "user", "name": CRITIC_NAME, "content": critique.text}])
             round_index += 1
+
+    async def _execute(self, episode: Episode, action: Action):  # noqa: ANN202
+        """Run one action with its timeout: the user's turn, or the tool in a worker thread.
+
+        A tool that hangs (pathological arguments) cannot be interrupted, but the episode stops
+        waiting for it and ends as a recorded ``tool_timeout``; the thread works on this
+        episode's private fork only.
+        """
+        if action.name == RESPOND:
+            try:
+                return await asyncio.wait_for(episode.step(action), self.cfg.user.timeout_s)
+            except asyncio.TimeoutError:
+                raise _StepTimeout("user_timeout") from None
+        try:
+            return await asyncio.wait_for(
+                asyncio.to_thread(episode.env.step, action), self.cfg.env.tool_timeout_s
+            )
+        except asyncio.TimeoutError:
+            raise _StepTimeout("tool_timeout") from None
 
     def _request(self, conv: ConversationTokens, action: Action):  # noqa: ANN202
         from cast_rl.critique.verifier import VerifyRequest
@@ -221,6 +242,12 @@ class EpisodeRunner:
                 "wall_s": round(time.perf_counter() - t0, 4),
             },
         )
+
+
+class _StepTimeout(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def _to_action(parsed: Any, counters: dict[str, int]) -> Action | str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from cast_rl.config.schema import CastConfig
@@ -114,6 +115,22 @@ class RolloutWorker:
         ids = self.engine.tokenizer(_PROBE, add_special_tokens=False).input_ids
         out = await self.engine.engine.generate(ids, Sampling(max_new_tokens=4, temperature=0.0))
         return [round(lp, 6) for lp in out.logprobs] + list(map(float, out.token_ids))
+
+    def set_verification_budget(self, budget: int) -> None:
+        """Critique-revise rounds per action for later episodes (0 turns the critic off).
+
+        Builds the configured verifier the first time a budget > 0 needs one.  Call it between
+        ``collect`` calls: episodes in flight would mix budgets.
+        """
+        if budget < 0:
+            raise ValueError(f"verification budget {budget} must be >= 0")
+        self.cfg = replace(self.cfg, critic=replace(self.cfg.critic, verification_budget=budget))
+        if budget > 0 and self.runner.verifier is None:
+            from cast_rl.rollout.verifiers import build_verifier
+
+            self.runner.verifier = build_verifier(self.cfg)
+        self.runner.cfg = self.cfg
+        self.runner.budget = budget
 
     def pause(self) -> None:
         self.engine.pause()

@@ -143,3 +143,46 @@ def test_malformed_line_names_file_and_line(tmp_path: Path) -> None:
     path.write_text(json.dumps(bad_mask) + "\n")
     with pytest.raises(TrajectoryFormatError, match="loss_mask has 1 entries, token_ids has 2"):
         read_trajectories(path)
+
+
+def test_hung_tool_and_user_become_recorded_failures(setup, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    import threading
+
+    from cast_rl.envs.core import ToolEnv
+
+    cfg, data, tok = setup
+    cfg = load_config(None, [f"env.data_dir={data.data_dir}", "env.split=train", "env.tool_timeout_s=0.2", "user.timeout_s=0.2"])
+    release = threading.Event()
+    original = ToolEnv.step
+
+    def hung_step(self, action):  # noqa: ANN001, ANN202
+        release.wait(30)  # a tool stuck on pathological input (released at the end of the test)
+        return original(self, action)
+
+    monkeypatch.setattr(ToolEnv, "step", hung_step)
+    try:
+        _, (traj,) = _run(cfg, data, ScriptedEngine(tok, [_call("list_all_product_types")]), [EpisodeSpec("train", 0, 0)])
+    finally:
+        release.set()
+    assert traj.info["termination"] == "tool_timeout"
+    assert traj.reward == 0.0
+
+    class SlowUser:
+        async def reset(self, task, db):  # noqa: ANN001, ANN202
+            return "hi"
+
+        async def step(self, message):  # noqa: ANN001, ANN202
+            await asyncio.sleep(30)
+
+    monkeypatch.setattr("cast_rl.rollout.runner.build_user", lambda *a: SlowUser())
+    _, (traj,) = _run(cfg, data, ScriptedEngine(tok, ["Hello"]), [EpisodeSpec("train", 0, 0)])
+    assert traj.info["termination"] == "user_timeout"
+
+
+def test_context_overflow_ends_episode_with_consistent_tokens(setup) -> None:  # noqa: ANN001
+    cfg, data, tok = setup
+    cfg = load_config(None, [f"env.data_dir={data.data_dir}", "env.split=train", "inference.max_model_len=3300", "inference.max_new_tokens=256"])
+    _, (traj,) = _run(cfg, data, ScriptedEngine(tok, ["Please tell me more. " * 20]), [EpisodeSpec("train", 0, 0)])
+    assert traj.info["termination"] == "context_overflow"
+    rendered = tok.apply_chat_template(traj.messages, tools=data.tools, tokenize=False)
+    assert traj.token_ids == tok(rendered, add_special_tokens=False).input_ids
