@@ -36,6 +36,10 @@ class RolloutWorkerActor:
     async def update_weights(self, version: int, state: dict[str, Any], checksum: str) -> int:
         return await self.worker.update_weights(version, state, checksum)
 
+    def set_verification_budget(self, budget: int) -> int:
+        self.worker.set_verification_budget(budget)
+        return budget
+
     def pause(self) -> None:
         self.worker.pause()
 

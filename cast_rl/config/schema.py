@@ -209,9 +209,13 @@ class ReplayBufferConfig:
     """drop stale samples, or wait for fresh ones."""
     log_dir: str = ""
     """Append-only log directory; empty means <run_dir>/replay."""
+    wait_timeout_s: float = 600.0
+    """Longest a draw waits for enough fresh samples (and, with stale_policy=wait, a producer
+    waits for admission) before raising TimeoutError."""
 
     def __post_init__(self) -> None:
         _check_positive("replay.capacity", self.capacity)
+        _check_positive("replay.wait_timeout_s", self.wait_timeout_s)
         _check_choice("replay.sampling", self.sampling, ("fifo", "priority"))
         _check_positive("replay.max_staleness", self.max_staleness, allow_zero=True)
         _check_choice("replay.stale_policy", self.stale_policy, ("drop", "wait"))
@@ -243,9 +247,21 @@ class LearnerConfig:
     """Steps between checkpoints (0 disables)."""
     seed: int = 0
     """Seed for data order and initialisation."""
+    num_cpus_per_worker: float = 1.0
+    """Ray CPUs per learner worker."""
+    master_addr: str = "127.0.0.1"
+    """torch.distributed rendezvous address; auto uses the node IP of learner rank 0 (needed
+    when the learner spans nodes)."""
+    max_tokens_per_micro_batch: int = 0
+    """Also split a micro-batch when its padded size (sequences x longest) would exceed this
+    many tokens (0: micro_batch_size alone decides)."""
 
     def __post_init__(self) -> None:
         _check_positive("learner.num_workers", self.num_workers)
+        _check_positive("learner.num_cpus_per_worker", self.num_cpus_per_worker, allow_zero=True)
+        _check_positive("learner.max_tokens_per_micro_batch", self.max_tokens_per_micro_batch, allow_zero=True)
+        if not self.master_addr:
+            raise ValueError("learner.master_addr='' is not allowed; give an address or auto")
         _check_positive("learner.lr", self.lr)
         _check_positive("learner.weight_decay", self.weight_decay, allow_zero=True)
         _check_positive("learner.micro_batch_size", self.micro_batch_size)
@@ -260,6 +276,15 @@ class LearnerConfig:
                 f"multiple of learner.micro_batch_size x learner.num_workers "
                 f"({self.micro_batch_size} x {self.num_workers})"
             )
+
+
+OUTCOME_ADV_ESTIMATORS = (
+    "grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized",
+    "reinforce_plus_plus_baseline", "opo", "gpg",
+)
+"""verl estimators that need only an outcome reward per sequence (no value model)."""
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
+"""verl's ``agg_loss`` modes."""
 
 
 @dataclass(frozen=True)
@@ -286,10 +311,37 @@ class AlgorithmConfig:
     """Optimizer steps of policy optimisation."""
     mode: str = "sync"
     """sync (collect, train, sync) or async (rollouts run while the learner trains)."""
+    clip_ratio_low: float = 0.0
+    """Lower PPO clip range (0: clip_ratio)."""
+    clip_ratio_high: float = 0.0
+    """Upper PPO clip range (0: clip_ratio; e.g. 0.28 for DAPO's clip-higher)."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip PPO bound for negative advantages (must be > 1)."""
+    norm_adv_by_std: bool = True
+    """GRPO: divide by the group's reward std (False gives Dr.GRPO)."""
+    old_logprobs: str = "recompute"
+    """Behaviour log-probs for the ratio: recompute (learner forward before the update, as verl
+    does) or rollout (the engine's logprobs stored in the trajectory)."""
+    supervised_weight: float = 1.0
+    """Weight of the cross-entropy loss of supervised samples in a mixed batch."""
+    success_threshold: float = 1.0
+    """A trajectory whose outcome reward reaches this counts as a success (supervised samples)."""
+    tasks_per_step: int = 0
+    """Tasks collected per step, each with rollout.trials_per_task trials (0: enough for
+    learner.global_batch_size)."""
 
     def __post_init__(self) -> None:
         _check_choice("algorithm.mode", self.mode, ("sync", "async"))
+        _check_choice("algorithm.adv_estimator", self.adv_estimator, OUTCOME_ADV_ESTIMATORS)
+        _check_choice("algorithm.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        _check_choice("algorithm.old_logprobs", self.old_logprobs, ("recompute", "rollout"))
         _check_positive("algorithm.clip_ratio", self.clip_ratio)
+        _check_positive("algorithm.clip_ratio_low", self.clip_ratio_low, allow_zero=True)
+        _check_positive("algorithm.clip_ratio_high", self.clip_ratio_high, allow_zero=True)
+        if self.clip_ratio_c <= 1.0:
+            raise ValueError(f"algorithm.clip_ratio_c={self.clip_ratio_c!r} is not allowed; it must be > 1")
+        _check_positive("algorithm.supervised_weight", self.supervised_weight, allow_zero=True)
+        _check_positive("algorithm.tasks_per_step", self.tasks_per_step, allow_zero=True)
         _check_positive("algorithm.kl_coef", self.kl_coef, allow_zero=True)
         _check_positive("algorithm.steps", self.steps, allow_zero=True)
         for kind in self.samples:
@@ -332,6 +384,50 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    """Evaluation: n trials per task, pass^k, and the critic-in-the-loop budget sweep."""
+
+    trials: int = 0
+    """Trials per task (the n of pass^k); 0 means rollout.trials_per_task."""
+    k_values: list[int] = field(default_factory=list)
+    """k of pass^k to report; empty means 1..n (every k must be <= n)."""
+    verification_budgets: list[int] = field(default_factory=lambda: [0, 1, 2])
+    """Configurations compared: 0 runs without the critic; B > 0 runs the critic in the loop
+    with B critique-revise rounds per action."""
+    with_critic: bool = True
+    """Run the budgets > 0 (False keeps only the no-critic configuration)."""
+    domains: list[str] = field(default_factory=list)
+    """Domains to evaluate, each from <data_root>/<domain>; empty means env.domain (env.data_dir)."""
+    data_root: str = ""
+    """With domains: the directory holding one data directory per domain (e.g. ../shared/benchmarks)."""
+    splits: list[str] = field(default_factory=list)
+    """Task splits to evaluate; empty means env.split."""
+    sample_trajectories: int = 4
+    """Trajectories per configuration in the W&B table of samples with their critiques."""
+
+    def __post_init__(self) -> None:
+        _check_positive("eval.trials", self.trials, allow_zero=True)
+        _check_positive("eval.sample_trajectories", self.sample_trajectories, allow_zero=True)
+        for k in self.k_values:
+            _check_positive("eval.k_values[]", k)
+        if not self.verification_budgets:
+            raise ValueError("eval.verification_budgets=[] is not allowed; give at least one budget, e.g. [0, 1]")
+        for b in self.verification_budgets:
+            _check_positive("eval.verification_budgets[]", b, allow_zero=True)
+        if len(set(self.verification_budgets)) != len(self.verification_budgets):
+            raise ValueError(f"eval.verification_budgets={self.verification_budgets} is not allowed; list each budget once")
+        if not self.with_critic and 0 not in self.verification_budgets:
+            raise ValueError(
+                f"eval.with_critic=False with eval.verification_budgets={self.verification_budgets} leaves "
+                "nothing to run; add 0 (no critic) to the budgets or set with_critic=True"
+            )
+        for domain in self.domains:
+            _check_choice("eval.domains[]", domain, ("retail", "airline", "telecom", "telehealth"))
+        if self.domains and not self.data_root:
+            raise ValueError("eval.data_root='' is not allowed with eval.domains; give the directory holding <domain>/ data")
+
+
+@dataclass(frozen=True)
 class CastConfig:
     """The whole run."""
 
@@ -361,10 +457,18 @@ class CastConfig:
     """Metrics logging."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     """Ray cluster."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation (pass^k, critic budget sweep)."""
 
     def __post_init__(self) -> None:
         if not self.run_dir:
             raise ValueError("run_dir='' is not allowed; give a directory for the run's outputs")
+        n = self.eval.trials or self.rollout.trials_per_task
+        if self.eval.k_values and max(self.eval.k_values) > n:
+            raise ValueError(
+                f"eval.k_values={self.eval.k_values} is not allowed with n={n} trials per task; "
+                "every k must be <= n (raise eval.trials or rollout.trials_per_task)"
+            )
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -377,7 +481,7 @@ def field_docs(cls: type) -> dict[str, str]:
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
     for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-                docs[node.target.id] = " ".join(str(nxt.value.value).split())
+        is_field = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+        if is_field and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
     return {f.name: docs.get(f.name, "") for f in fields(cls)}

@@ -1,0 +1,1 @@
+"""Evaluation: pass^k over repeated trials, critic metrics, reports and plots."""

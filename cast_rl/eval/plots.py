@@ -1,0 +1,90 @@
+"""PNG plots of an evaluation report (matplotlib, Agg backend: no display needed).
+
+Per domain/split of the report (:mod:`cast_rl.eval.report`):
+
+- ``passk_vs_k_<domain>_<split>.png``: pass^k against k, one line per configuration;
+- ``passk_vs_budget_<domain>_<split>.png``: pass^k against the verification budget, one line
+  per k (only when the report holds at least two budgets).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def write_plots(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
+    """Write every plot of the module docstring under ``out_dir``; returns their paths."""
+    from cast_rl.eval.report import group_keys
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    for key in group_keys(report):
+        stem = key.replace("/", "_")
+        paths.append(plot_passk_vs_k(report, key, out_dir / f"passk_vs_k_{stem}.png"))
+        budgets = {c["verification_budget"] for c in report["configurations"] if key in c["groups"]}
+        if len(budgets) > 1:
+            paths.append(plot_passk_vs_budget(report, key, out_dir / f"passk_vs_budget_{stem}.png"))
+    return paths
+
+
+def plot_passk_vs_k(report: dict[str, Any], group: str, path: Path) -> Path:
+    """pass^k against k for one domain/split, one line per configuration."""
+    fig, ax = _figure()
+    for config in report["configurations"]:
+        if group not in config["groups"]:
+            continue
+        table = config["groups"][group]["pass^k"]
+        ax.plot([_k(name) for name in table], list(table.values()), marker="o", label=config["label"])
+    ax.set_xlabel("k")
+    ax.set_ylabel("pass^k")
+    ax.set_title(f"pass^k against k ({group})")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    return _save(fig, ax, path)
+
+
+def plot_passk_vs_budget(report: dict[str, Any], group: str, path: Path) -> Path:
+    """pass^k against the verification budget for one domain/split, one line per k."""
+    configs = sorted(
+        (c for c in report["configurations"] if group in c["groups"]), key=lambda c: c["verification_budget"]
+    )
+    fig, ax = _figure()
+    budgets = [c["verification_budget"] for c in configs]
+    for name in configs[0]["groups"][group]["pass^k"]:
+        ax.plot(budgets, [c["groups"][group]["pass^k"][name] for c in configs], marker="o", label=f"k={_k(name)}")
+    ax.set_xlabel("verification budget B (0: no critic)")
+    ax.set_ylabel("pass^k")
+    ax.set_title(f"pass^k against verification budget ({group})")
+    ax.set_xticks(budgets)
+    return _save(fig, ax, path)
+
+
+def _k(name: str) -> int:
+    return int(name.split("^", 1)[1])
+
+
+def _figure() -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(6, 4), dpi=100)
+
+
+def _save(fig: Any, ax: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    logger.debug("wrote %s", path)
+    return path

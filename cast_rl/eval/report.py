@@ -1,0 +1,262 @@
+"""The evaluation report: pass^k, critic metrics and cost per configuration, as JSON, Markdown
+and plots.
+
+A *configuration* is one way of running the policy, e.g. without the critic or with the critic
+in the loop at verification budget B; :class:`EvalRun` holds its trajectories.
+:func:`build_report` turns runs into the JSON report, :func:`write_report` writes it with a
+Markdown summary and PNG plots::
+
+    out_dir/report.json
+    out_dir/summary.md
+    out_dir/plots/passk_vs_k_<domain>_<split>.png       one line per configuration
+    out_dir/plots/passk_vs_budget_<domain>_<split>.png  one line per k
+
+JSON report schema (``schema_version`` 1)::
+
+    {
+      "schema_version": 1,
+      "success": "reward is within 1e-6 of 1 (bounds included)",
+      "configurations": [                        # in the order the runs were given
+        {
+          "name": "critic_b1",                   # no_critic, critic_b1, critic_b2, ...
+          "label": "critic B=1",                 # what tables and legends show
+          "verification_budget": 1,              # 0: no critic
+          "episodes": 96,                        # trajectories (tasks x trials)
+          "groups": {                            # one per domain/split
+            "retail/test": {
+              "domain": "retail", "split": "test",
+              "tasks": 24, "n": 4,               # n: trials per task
+              "reward_mean": 0.41,
+              "success_rate": 0.40,              # successful trials / trials
+              "pass^k": {"pass^1": 0.40, "pass^2": 0.31, "pass^3": 0.27, "pass^4": 0.25}
+            }
+          },
+          "critic": {                            # see cast_rl.eval.critic
+            "critiques": 310 | null, "flags": 42, "flags_per_episode": 0.44,
+            "flag_rate": 0.14 | null, "correction_rate": 0.6 | null,
+            "resistance": 0.2 | null, "false_positive_rate": 0.1 | null
+          },
+          "cost": {                              # means over episodes (one trial of one task)
+            "policy_tokens": 812.5,              # tokens the policy generated
+            "prompt_tokens": 10234.0,            # prompt tokens summed over its generation calls
+            "tokens": 11046.5,                   # policy + prompt
+            "wall_s": 3.2                        # seconds from reset to the episode's end
+          }
+        }
+      ]
+    }
+
+``pass^k`` holds k = 1..n unless the caller names k values (see :mod:`cast_rl.eval.passk` for
+the success rule and the formula).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cast_rl.eval.critic import Judge, critic_metrics
+from cast_rl.eval.passk import TrialResult, as_keys, group_rewards, is_success, passk
+from cast_rl.rollout.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class EvalRun:
+    """The trajectories of one evaluated configuration."""
+
+    verification_budget: int
+    """Critique-revise rounds per action (0: no critic)."""
+    trajectories: list[Trajectory]
+    critiques: int | None = None
+    """Verifier calls made while collecting (from the rollout workers), if known."""
+
+    @property
+    def name(self) -> str:
+        b = self.verification_budget
+        return "no_critic" if b == 0 else f"critic_b{b}"
+
+    @property
+    def label(self) -> str:
+        b = self.verification_budget
+        return "no critic" if b == 0 else f"critic B={b}"
+
+
+def build_report(runs: list[EvalRun], k_values: list[int] | None = None, judge: Judge | None = None) -> dict[str, Any]:
+    """The JSON report of the module docstring; ``judge`` enables the false-positive rate."""
+    names = [run.name for run in runs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"each configuration must be evaluated once, got {names}")
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "success": "reward is within 1e-6 of 1 (bounds included)",
+        "configurations": [_configuration(run, k_values, judge) for run in runs],
+    }
+
+
+def _configuration(run: EvalRun, k_values: list[int] | None, judge: Judge | None) -> dict[str, Any]:
+    if not run.trajectories:
+        raise ValueError(f"configuration {run.name} has no trajectories")
+    results = [TrialResult(t.task_index, t.trial, t.reward, t.domain, t.split) for t in run.trajectories]
+    groups: dict[str, Any] = {}
+    for (domain, split), tasks in sorted(group_rewards(results).items()):
+        rewards = [r for task in tasks.values() for r in task]
+        table = passk(tasks, k_values)
+        groups[f"{domain}/{split}"] = {
+            "domain": domain,
+            "split": split,
+            "tasks": len(tasks),
+            "n": len(next(iter(tasks.values()))),
+            "reward_mean": sum(rewards) / len(rewards),
+            "success_rate": sum(map(is_success, rewards)) / len(rewards),
+            "pass^k": as_keys(table),
+        }
+    return {
+        "name": run.name,
+        "label": run.label,
+        "verification_budget": run.verification_budget,
+        "episodes": len(run.trajectories),
+        "groups": groups,
+        "critic": critic_metrics(run.trajectories, run.verification_budget, run.critiques, judge),
+        "cost": _cost(run.trajectories),
+    }
+
+
+def _cost(trajectories: list[Trajectory]) -> dict[str, float]:
+    def mean(key: str) -> float:
+        return sum(float(t.info.get(key, 0.0)) for t in trajectories) / len(trajectories)
+
+    policy, prompt = mean("policy_tokens"), mean("prompt_tokens")
+    return {"policy_tokens": policy, "prompt_tokens": prompt, "tokens": policy + prompt, "wall_s": mean("wall_s")}
+
+
+def group_keys(report: dict[str, Any]) -> list[str]:
+    """Every domain/split of the report, in order of first appearance."""
+    keys: dict[str, None] = {}
+    for config in report["configurations"]:
+        keys.update(dict.fromkeys(config["groups"]))
+    return list(keys)
+
+
+def render_markdown(report: dict[str, Any], plots: list[Path] | None = None, base: Path | None = None) -> str:
+    """A summary a person reads: a pass^k table per domain/split, then critic and cost."""
+    configs = report["configurations"]
+    lines = ["# Evaluation", "", f"A trial succeeds when its {report['success']}.", ""]
+    for key in group_keys(report):
+        present = [c for c in configs if key in c["groups"]]
+        first = present[0]["groups"][key]
+        ks = list(first["pass^k"])
+        lines += [f"## pass^k: {key} ({first['tasks']} tasks, n = {first['n']} trials each)", ""]
+        lines += _table(
+            ["configuration", "budget", *ks, "reward mean"],
+            [
+                [c["label"], c["verification_budget"], *c["groups"][key]["pass^k"].values(), c["groups"][key]["reward_mean"]]
+                for c in present
+            ],
+        )
+    lines += [
+        "## Critic and cost", "",
+        "Critiques and flags are totals; tokens and wall time are means per episode (one trial of "
+        "one task).", "",
+    ]
+    lines += _table(
+        ["configuration", "critiques", "flags", "flag rate", "correction rate", "resistance",
+         "false-positive rate", "policy tokens", "prompt tokens", "wall s"],
+        [
+            [c["label"], c["critic"]["critiques"], c["critic"]["flags"], c["critic"]["flag_rate"],
+             c["critic"]["correction_rate"], c["critic"]["resistance"], c["critic"]["false_positive_rate"],
+             *(f"{c['cost'][key]:.1f}" for key in ("policy_tokens", "prompt_tokens", "wall_s"))]
+            for c in configs
+        ],
+    )
+    if plots:
+        lines += ["## Plots", ""]
+        for path in plots:
+            rel = path.relative_to(base) if base is not None else path
+            lines += [f"![{path.stem}]({rel.as_posix()})", ""]
+    return "\n".join(lines)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return out + [""]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
+    """Write report.json, the plots and summary.md under ``out_dir``; returns their paths."""
+    from cast_rl.eval.plots import write_plots
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"report": out_dir / "report.json", "summary": out_dir / "summary.md"}
+    paths["report"].write_text(json.dumps(report, indent=2) + "\n")
+    plots = write_plots(report, out_dir / "plots")
+    paths["summary"].write_text(render_markdown(report, plots, base=out_dir) + "\n")
+    paths.update({f"plot:{p.stem}": p for p in plots})
+    logger.info("wrote %s, %s and %d plots", paths["report"], paths["summary"], len(plots))
+    return paths
+
+
+def flat_metrics(report: dict[str, Any]) -> dict[str, float]:
+    """``eval/<configuration>/<domain>/<split>/pass^k`` and friends, for the metrics logger."""
+    out: dict[str, float] = {}
+    for c in report["configurations"]:
+        for key, group in c["groups"].items():
+            for name, value in group["pass^k"].items():
+                out[f"eval/{c['name']}/{key}/{name}"] = value
+            out[f"eval/{c['name']}/{key}/reward_mean"] = group["reward_mean"]
+        for name, value in {**c["critic"], **c["cost"]}.items():
+            if value is not None:
+                out[f"eval/{c['name']}/{name}"] = value
+    return out
+
+
+SAMPLE_COLUMNS = [
+    "configuration", "domain", "split", "task_index", "trial", "reward", "termination",
+    "critiques", "conversation",
+]
+
+
+def sample_rows(runs: list[EvalRun], per_run: int, max_chars: int = 4000) -> list[list[Any]]:
+    """Rows of :data:`SAMPLE_COLUMNS`: per configuration, trajectories with critiques first."""
+    rows: list[list[Any]] = []
+    for run in runs:
+        chosen = sorted(run.trajectories, key=lambda t: (not t.verification_rounds, t.key))[:per_run]
+        for t in chosen:
+            critiques = "\n\n".join(
+                f"[{r['critique'].get('verdict')}/{r['critique'].get('error_type')}] "
+                f"{json.dumps(r['proposal'])} -> {r['critique'].get('text', '')} "
+                f"-> revision {json.dumps(r.get('revision'))}"
+                for r in t.verification_rounds
+            )
+            conversation = "\n".join(
+                f"{m['role']}{'(' + m['name'] + ')' if m.get('name') else ''}: {_message_text(m)}" for m in t.messages[1:]
+            )
+            rows.append([
+                run.label, t.domain, t.split, t.task_index, t.trial, t.reward,
+                t.info.get("termination", ""), critiques, conversation[:max_chars],
+            ])
+    return rows
+
+
+def _message_text(message: dict[str, Any]) -> str:
+    calls = message.get("tool_calls") or []
+    text = str(message.get("content") or "")
+    if calls:
+        text += " " + " ".join(json.dumps(c.get("function", c)) for c in calls)
+    return text.strip()

@@ -1,0 +1,138 @@
+"""Evaluate the policy: n trials per task, without the critic and with it in the loop.
+
+    cast-rl eval configs/quickstart.yaml eval.verification_budgets=[0,1,2] --out runs/quickstart/eval
+    python -m launchers.eval configs/quickstart.yaml --out runs/eval   # e.g. under ray job submit
+
+For each domain (``eval.domains``, else ``env.domain``) one :class:`RolloutGroup` starts (one
+vLLM engine per worker) and serves every configuration: the budgets of
+``eval.verification_budgets`` are switched on the live workers between collections.  Every
+configuration runs the same (split, task, trial) units with the same per-episode sampling seeds,
+so the configurations differ only by the critic.  Writes, under the output directory::
+
+    trajectories/<configuration>.jsonl   (no_critic, critic_b1, ...; streamed as episodes end)
+    report.json, summary.md, plots/*.png (see cast_rl.eval.report)
+
+and logs ``eval/`` metrics plus a W&B table of sample trajectories with their critiques.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from cast_rl.config import load_config, to_dict
+from cast_rl.config.schema import CastConfig
+from cast_rl.eval.report import EvalRun
+from cast_rl.rollout.trajectory import Trajectory, write_trajectories
+
+logger = logging.getLogger(__name__)
+
+
+def eval_budgets(cfg: CastConfig) -> list[int]:
+    """The verification budgets to run, in ascending order (0 is the no-critic configuration)."""
+    budgets = sorted(cfg.eval.verification_budgets)
+    return budgets if cfg.eval.with_critic else [b for b in budgets if b == 0]
+
+
+def eval_trials(cfg: CastConfig) -> int:
+    """n: trials per task (``eval.trials``, else ``rollout.trials_per_task``)."""
+    n = cfg.eval.trials or cfg.rollout.trials_per_task
+    if cfg.eval.k_values and max(cfg.eval.k_values) > n:  # also checked when the config loads
+        raise ValueError(f"eval.k_values={cfg.eval.k_values} needs n >= {max(cfg.eval.k_values)}, got n={n}")
+    return n
+
+
+def domain_configs(cfg: CastConfig) -> list[CastConfig]:
+    """One config per evaluated domain (``eval.domains`` read from ``eval.data_root/<domain>``)."""
+    if not cfg.eval.domains:
+        return [cfg]
+    root = Path(cfg.eval.data_root)
+    return [replace(cfg, env=replace(cfg.env, domain=d, data_dir=str(root / d))) for d in cfg.eval.domains]
+
+
+def run_eval(cfg: CastConfig, out_dir: str | Path) -> dict[str, Any]:
+    """Collect every configuration, write trajectories, report, summary and plots; log metrics.
+
+    Returns the JSON report (:mod:`cast_rl.eval.report`).
+    """
+    from cast_rl.envs.setup import load_env_data
+    from cast_rl.eval.critic import labeller_judge
+    from cast_rl.eval.report import (
+        SAMPLE_COLUMNS,
+        build_report,
+        flat_metrics,
+        sample_rows,
+        write_report,
+    )
+    from cast_rl.models.setup import ensure_policy_model
+    from cast_rl.telemetry import MetricsLogger
+    from launchers.cluster import init_ray
+
+    out_dir = Path(out_dir)
+    budgets, n = eval_budgets(cfg), eval_trials(cfg)
+    runs = {b: EvalRun(b, [], critiques=0) for b in budgets}
+    paths = {b: out_dir / "trajectories" / f"{run.name}.jsonl" for b, run in runs.items()}
+    for path in paths.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+    data_by_domain: dict[str, Any] = {}
+    for domain_cfg in domain_configs(cfg):
+        data = load_env_data(domain_cfg)
+        data_by_domain[domain_cfg.env.domain] = data
+        ensure_policy_model(domain_cfg, data)
+        init_ray(domain_cfg)
+        _collect_domain(domain_cfg, data, n, runs, paths)
+    report = build_report(list(runs.values()), cfg.eval.k_values or None, labeller_judge(data_by_domain))
+    written = write_report(report, out_dir)
+    with MetricsLogger(cfg.logging, cfg.run_dir, config=to_dict(cfg), job_type="eval") as log:
+        log.log(flat_metrics(report))
+        log.log_table("eval/samples", SAMPLE_COLUMNS, sample_rows(list(runs.values()), cfg.eval.sample_trajectories))
+    logger.info("evaluation report: %s", written["summary"])
+    return report
+
+
+def _collect_domain(cfg: CastConfig, data: Any, n: int, runs: dict[int, EvalRun], paths: dict[int, Path]) -> None:
+    """Run every configuration on one domain through one rollout group."""
+    from tqdm import tqdm
+
+    from cast_rl.envs.setup import episode_units
+    from cast_rl.rollout.group import RolloutGroup
+
+    splits = cfg.eval.splits or [cfg.env.split]
+    units = [u for s in splits for u in episode_units(replace(cfg, env=replace(cfg.env, split=s)), data, trials=n)]
+    group = RolloutGroup(cfg)
+    try:
+        for budget, run in runs.items():
+            group.set_verification_budget(budget)
+            before = group.metrics().get("rollout/critiques", 0)
+            with tqdm(total=len(units), desc=f"eval {cfg.env.domain} {run.label}", unit="episode") as bar:
+
+                def on_done(traj: Trajectory, path: Path = paths[budget]) -> None:
+                    write_trajectories(path, [traj], append=True)
+                    bar.update(1)
+
+                run.trajectories += group.collect(units, on_done=on_done)
+            # a restarted worker's counters start again from zero: then this undercounts
+            run.critiques = (run.critiques or 0) + max(0, int(group.metrics().get("rollout/critiques", 0) - before))
+    finally:
+        group.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config")
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--out", default=None, help="output directory (default: <run_dir>/eval)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    cfg = load_config(None if args.config == "default" else args.config, args.overrides)
+    run_eval(cfg, args.out or Path(cfg.run_dir) / "eval")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
