@@ -1,0 +1,119 @@
+"""Shared parts of the cluster-launch tests: the tiny rollout job, free ports, a private Ray
+temp dir and the environment the Ray processes get."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from cast_rl.rollout.trajectory import read_trajectories
+
+
+@pytest.fixture
+def rollout_overrides(tiny_model_dir: Path, retail_data_dir: Path) -> list[str]:
+    """Overrides that make `launchers.rollout` a two-episode job on the tiny model."""
+    return [
+        f"policy.path={tiny_model_dir}",
+        f"env.data_dir={retail_data_dir}",
+        "rollout.num_workers=1",
+        "rollout.num_cpus_per_worker=1",
+        "env.max_steps=2",
+        "inference.max_new_tokens=16",
+        "rollout.trials_per_task=1",
+        "env.task_indices=[0,1]",
+    ]
+
+
+def _check_rollout_output(path: Path) -> None:
+    """The tiny job's output: tasks 0 and 1 once each, by policy version 0, tokens aligned."""
+    trajectories = read_trajectories(path)
+    assert sorted((t.task_index, t.trial) for t in trajectories) == [(0, 0), (1, 0)]
+    for traj in trajectories:
+        assert traj.domain == "retail"
+        assert traj.policy_version == 0
+        assert traj.messages[0]["role"] == "system"
+        assert len(traj.token_ids) == len(traj.loss_mask) == len(traj.logprobs) > 0
+        assert sum(traj.loss_mask) > 0
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct ports free right now (held open together so they differ)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _pids_using(marker: str) -> list[int]:
+    """Processes whose command line mentions marker (our private Ray temp dir)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
+def _wait_until_gone(marker: str, timeout_s: float = 60.0) -> list[int]:
+    """Poll (bounded) until no process mentions marker; returns the ones left."""
+    deadline = time.monotonic() + timeout_s
+    while (left := _pids_using(marker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+@pytest.fixture
+def check_rollout_output() -> Callable[[Path], None]:
+    return _check_rollout_output
+
+
+@pytest.fixture
+def free_ports() -> Callable[[int], list[int]]:
+    return _free_ports
+
+
+@pytest.fixture
+def wait_until_gone() -> Callable[..., list[int]]:
+    return _wait_until_gone
+
+
+@pytest.fixture
+def ray_temp_dir() -> Iterator[Path]:
+    """A private Ray --temp-dir, short because Ray's socket paths must stay under 107 bytes.
+
+    Its unique path also tells our Ray processes apart from any other Ray on the machine."""
+    path = Path(tempfile.mkdtemp(prefix="cast-ray-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster_env() -> Callable[..., dict[str, str]]:
+    """The environment for `ray`/`sbatch` subprocesses: this venv first on PATH, no inherited
+    Ray address, plus the given variables."""
+
+    def make(**extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        env["RAY_USAGE_STATS_ENABLED"] = "0"
+        env.update(extra)
+        return env
+
+    return make

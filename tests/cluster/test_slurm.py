@@ -1,0 +1,134 @@
+"""The Slurm batch scripts on a real single-node Slurm (slurm-wlm + munge from Debian's packages).
+
+A session fixture installs the packages when they are missing (root and apt-get needed, else
+the tests skip), starts munged, slurmctld and slurmd with slurm/ci/setup_slurm.sh and stops
+what it started with slurm/ci/teardown_slurm.sh. About 3 minutes.
+
+    .venv/bin/python -m pytest tests/cluster/test_slurm.py -m slow
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+SETUP = REPO / "slurm" / "ci" / "setup_slurm.sh"
+TEARDOWN = REPO / "slurm" / "ci" / "teardown_slurm.sh"
+SKIP_EXIT = 77  # setup_slurm.sh: Slurm cannot be set up on this machine
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A running single-node Slurm for the session; stops only what it started."""
+    if os.geteuid() != 0:
+        pytest.skip("a real Slurm needs root (it installs slurm-wlm and munge and starts daemons)")
+    if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
+        pytest.skip("slurm-wlm is not installed and there is no apt-get to install it")
+    state = tmp_path_factory.mktemp("slurm") / "started"
+    setup = subprocess.run(["bash", str(SETUP), str(state)], capture_output=True, text=True, timeout=900)
+    if setup.returncode == SKIP_EXIT:
+        pytest.skip(f"Slurm cannot be set up here: {setup.stdout.strip()[-500:]}")
+    try:
+        assert setup.returncode == 0, f"setup_slurm.sh failed:\n{setup.stdout}\n{setup.stderr}"
+        yield
+    finally:
+        subprocess.run(["bash", str(TEARDOWN), str(state)], capture_output=True, timeout=120)
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    job_id: str
+    state: str
+    exit_code: str
+    log: str
+
+
+def run_batch(script: str, env: dict[str, str], log_dir: Path, *sbatch_args: str, timeout_s: float = 900) -> SlurmJob:
+    """sbatch --parsable, then poll squeue (bounded) until the job has left the queue.
+
+    (`sbatch --wait` polls with growing intervals: a 12 s job took 42 s to return.)"""
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "--time=20", f"--output={log_dir}/slurm-%j.out", *sbatch_args, str(REPO / script)],
+        env=env, cwd=REPO, capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    job_id = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + timeout_s
+    while subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip():
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id])
+            pytest.fail(f"slurm job {job_id} still queued or running after {timeout_s}s")
+        time.sleep(1)
+    info = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
+    log = (log_dir / f"slurm-{job_id}.out").read_text()
+    return SlurmJob(job_id, _field(info, "JobState"), _field(info, "ExitCode"), log)
+
+
+def _field(scontrol_output: str, key: str) -> str:
+    match = re.search(rf"\b{key}=(\S+)", scontrol_output)
+    assert match, f"no {key} in: {scontrol_output}"
+    return match.group(1)
+
+
+@pytest.fixture
+def script_env(cluster_env, free_ports, ray_temp_dir: Path, tmp_path: Path):  # noqa: ANN001, ANN201
+    """Variables for the batch scripts: the tiny job's entry point, private ports and temp dir.
+
+    RAY_STOP_ON_EXIT=0: `ray stop` would stop every Ray on this machine, other tests' too; the
+    scripts then end the srun step instead, which Slurm kills with every process in it."""
+    gcs, dashboard, client, agent = free_ports(4)
+    return cluster_env(
+        CAST_REPO=str(REPO),
+        CAST_VENV=sys.prefix,
+        CAST_ENTRY="launchers.rollout",
+        CAST_CONFIG="configs/quickstart.yaml",
+        CAST_RUN_DIR=str(tmp_path / "run"),
+        CAST_LOG_DIR=str(tmp_path / "logs"),
+        RAY_PORT=str(gcs),
+        DASHBOARD_PORT=str(dashboard),
+        RAY_HEAD_EXTRA_ARGS=f"--ray-client-server-port={client} --dashboard-agent-listen-port={agent}",
+        RAY_TMP_DIR=str(ray_temp_dir),
+        RAY_STOP_ON_EXIT="0",
+        WAIT_TIMEOUT_S="240",
+    )
+
+
+def test_single_node_script_runs_the_rollout_job(
+    slurm, script_env, rollout_overrides, tmp_path: Path, ray_temp_dir: Path,  # noqa: ANN001
+    check_rollout_output, wait_until_gone,  # noqa: ANN001
+) -> None:  # fmt: skip
+    out = tmp_path / "trajectories.jsonl"
+    script_env["CAST_ARGS"] = " ".join([*rollout_overrides, "--out", str(out)])
+    job = run_batch("slurm/cast_single_node.sbatch", script_env, tmp_path)
+    assert (job.state, job.exit_code) == ("COMPLETED", "0:0"), job.log[-6000:]
+    assert f"job cast-{job.job_id}: SUCCEEDED, exit code 0" in job.log
+    check_rollout_output(out)
+    assert not wait_until_gone(str(ray_temp_dir)), "Ray processes outlived the Slurm job"
+
+
+def test_multinode_script_passes_on_the_job_exit_code(
+    slurm, script_env, tmp_path: Path, ray_temp_dir: Path, wait_until_gone,  # noqa: ANN001
+) -> None:  # fmt: skip
+    # One node (all this Slurm has): head only. No --out: the launcher's argparse exits 2.
+    script_env["CAST_ARGS"] = ""
+    # No token anywhere: the script makes one for the job and keeps it for clients.
+    script_env["RAY_AUTH_TOKEN_PATH"] = str(tmp_path / "no-such-token")
+    script_env.pop("RAY_AUTH_TOKEN", None)
+    job = run_batch("slurm/cast_multinode.sbatch", script_env, tmp_path, "--nodes=1")
+    assert (job.state, job.exit_code) == ("FAILED", "2:0"), job.log[-6000:]
+    token = tmp_path / "logs" / "ray_auth_token"
+    assert len(token.read_text().strip()) == 64 and token.stat().st_mode & 0o777 == 0o600
+    assert "the following arguments are required: --out" in job.log
+    assert f"job cast-{job.job_id}: FAILED, exit code 2" in job.log
+    assert not wait_until_gone(str(ray_temp_dir)), "Ray processes outlived the Slurm job"
