@@ -14,7 +14,7 @@ import sys
 
 from cast_rl.config import ConfigError
 
-_COMMAND_MODULES = ("config", "model", "env", "rollout")
+_COMMAND_MODULES = ("config", "model", "env", "rollout", "metrics", "eval", "label", "critic")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,200 @@
+"""Critic datasets: labelled actions as supervised (prompt -> critique) examples in Parquet.
+
+Run::
+
+    cast-rl critic build-data --labels L.jsonl --trajectories T.jsonl --out DIR
+
+Each labelled action becomes one example: the critic's chat prompt (the visible conversation up
+to the action and the candidate action, :func:`cast_rl.critique.prompt.critic_messages`) and the
+critique text in the fixed format that begins ``VERDICT: ...\\nERROR: ...``.  Examples are split
+by trajectory into ``train`` and ``heldout`` (no trajectory in both), and each split is balanced
+between valid and invalid by dropping examples of the larger class at random (seeded).  Labels
+whose rationale failed the leakage check have no critique text and are skipped (counted).
+
+Files: ``DIR/train.parquet`` and ``DIR/heldout.parquet`` with columns ``prompt_messages`` (JSON
+string of OpenAI messages, what the learner's supervised mode reads), ``completion`` (text),
+``verdict``, ``error_type``, ``domain``, ``trajectory_index``, ``message_index`` and ``request``
+(JSON of the :class:`~cast_rl.critique.verifier.VerifyRequest`, to evaluate any verifier).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from cast_rl.critique.context import iter_actions
+from cast_rl.critique.prompt import critic_messages
+from cast_rl.critique.rationale import Rationale, format_critique
+from cast_rl.critique.verifier import VerifyRequest
+from cast_rl.rollout.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+
+LABEL_KEYS = ("trajectory_index", "message_index", "action", "verdict", "error_type", "rationale")
+
+
+class LabelFormatError(ValueError):
+    """A labels line that does not follow the format; names the file and line."""
+
+
+def read_labels(path: str | Path) -> list[dict[str, Any]]:
+    """The labels of a JSON Lines file; a malformed line raises :class:`LabelFormatError`."""
+    path = Path(path)
+    out = []
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw.decode("utf-8"))
+                _check_label(obj)
+            except (ValueError, TypeError) as exc:
+                raise LabelFormatError(f"{path}:{lineno}: not a label: {exc}") from None
+            out.append(obj)
+    return out
+
+
+def _check_label(obj: Any) -> None:
+    if not isinstance(obj, dict):
+        raise ValueError("a label line must be a JSON object")
+    missing = [k for k in LABEL_KEYS if k not in obj]
+    if missing:
+        raise ValueError(f"missing keys: {', '.join(missing)}")
+    for key in ("trajectory_index", "message_index"):
+        if not isinstance(obj[key], int) or isinstance(obj[key], bool):
+            raise ValueError(f"{key} must be an integer")
+    if not isinstance(obj["action"], dict) or "name" not in obj["action"]:
+        raise ValueError('action must be an object with "name" and "kwargs"')
+    if obj["verdict"] not in ("valid", "invalid"):
+        raise ValueError(f"verdict must be valid or invalid, got {obj['verdict']!r}")
+    if obj["rationale"] is not None and not isinstance(obj["rationale"], dict):
+        raise ValueError("rationale must be an object or null")
+
+
+@dataclass
+class Example:
+    request: VerifyRequest
+    completion: str
+    verdict: str
+    error_type: str
+    trajectory_index: int
+    message_index: int
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "prompt_messages": json.dumps(critic_messages(self.request), ensure_ascii=False),
+            "completion": self.completion,
+            "verdict": self.verdict,
+            "error_type": self.error_type,
+            "domain": self.request.domain,
+            "trajectory_index": self.trajectory_index,
+            "message_index": self.message_index,
+            "request": json.dumps(asdict(self.request), ensure_ascii=False),
+        }
+
+
+def request_for(trajectory: Trajectory, message_index: int, action: dict[str, Any]) -> VerifyRequest:
+    """The verification request of an action: the policy and the messages before it."""
+    messages = trajectory.messages
+    policy = messages[0].get("content", "") if messages and messages[0].get("role") == "system" else ""
+    return VerifyRequest(trajectory.domain, str(policy), messages[:message_index], action)
+
+
+def examples_from_labels(
+    labels: list[dict[str, Any]], trajectories: list[Trajectory]
+) -> tuple[list[Example], int]:
+    """(examples, labels skipped because their rationale was dropped)."""
+    examples, skipped = [], 0
+    for label in labels:
+        t_index, m_index = label["trajectory_index"], label["message_index"]
+        if not 0 <= t_index < len(trajectories):
+            raise ValueError(f"label refers to trajectory {t_index}; the file has {len(trajectories)}")
+        trajectory = trajectories[t_index]
+        if not any(a.message_index == m_index for a in iter_actions(trajectory.messages)):
+            raise ValueError(f"label refers to message {m_index} of trajectory {t_index}, "
+                             "which is not an assistant action")
+        if label["rationale"] is None:
+            skipped += 1
+            continue
+        completion = format_critique(Rationale.from_json(label["rationale"]))
+        examples.append(Example(
+            request_for(trajectory, m_index, label["action"]), completion, label["verdict"],
+            label["error_type"], t_index, m_index,
+        ))
+    return examples, skipped
+
+
+def balance(examples: list[Example], rng: random.Random) -> list[Example]:
+    """Equal numbers of valid and invalid examples (the larger class is subsampled)."""
+    valid = [e for e in examples if e.verdict == "valid"]
+    invalid = [e for e in examples if e.verdict == "invalid"]
+    n = min(len(valid), len(invalid))
+    if n == 0:
+        logger.warning("cannot balance: %d valid and %d invalid examples", len(valid), len(invalid))
+        return examples
+    keep = rng.sample(valid, n) + rng.sample(invalid, n)
+    return sorted(keep, key=lambda e: (e.trajectory_index, e.message_index))
+
+
+def _heldout(trajectory_index: int, fraction: float, seed: int) -> bool:
+    digest = hashlib.sha256(f"{seed}:{trajectory_index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def build_critic_data(
+    labels_path: str | Path,
+    trajectories_path: str | Path,
+    out_dir: str | Path,
+    heldout_fraction: float = 0.2,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Write ``train.parquet`` and ``heldout.parquet``; returns counts for a summary."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cast_rl.rollout.trajectory import read_trajectories
+
+    if not 0.0 <= heldout_fraction < 1.0:
+        raise ValueError(f"heldout_fraction={heldout_fraction} is not allowed; use 0 <= f < 1")
+    labels = read_labels(labels_path)
+    trajectories = read_trajectories(trajectories_path)
+    examples, skipped = examples_from_labels(labels, trajectories)
+    rng = random.Random(seed)
+    splits = {
+        "train": [e for e in examples if not _heldout(e.trajectory_index, heldout_fraction, seed)],
+        "heldout": [e for e in examples if _heldout(e.trajectory_index, heldout_fraction, seed)],
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {"labels": len(labels), "skipped_no_rationale": skipped}
+    for name, rows in splits.items():
+        kept = balance(rows, rng)
+        table = pa.Table.from_pylist([e.row() for e in kept], schema=_schema())
+        pq.write_table(table, out / f"{name}.parquet")
+        counts = Counter(e.verdict for e in kept)
+        summary[name] = {"examples": len(kept), "valid": counts["valid"], "invalid": counts["invalid"]}
+    return summary
+
+
+def _schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([
+        ("prompt_messages", pa.string()), ("completion", pa.string()), ("verdict", pa.string()),
+        ("error_type", pa.string()), ("domain", pa.string()), ("trajectory_index", pa.int64()),
+        ("message_index", pa.int64()), ("request", pa.string()),
+    ])
+
+
+def read_requests(path: str | Path) -> list[tuple[VerifyRequest, str, str]]:
+    """(request, true verdict, true error type) of every row of a critic Parquet file."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(path, columns=["request", "verdict", "error_type"]).to_pylist()
+    return [(VerifyRequest(**json.loads(r["request"])), r["verdict"], r["error_type"]) for r in rows]

@@ -1,0 +1,319 @@
+"""The action labeller: a verdict, an error type and a rationale for every assistant action.
+
+For each action of a trajectory (each tool call, each reply to the user) the labeller
+
+1. runs the visible rules (:mod:`cast_rl.critique.rules`): hallucination and policy violations
+   and the tool-schema part of wrong tool usage;
+2. adds privileged checks for wrong tool usage: it replays the trajectory's executed tool calls
+   in a fresh :class:`~cast_rl.envs.core.ToolEnv` and, on a fork at the action, asks whether the
+   environment rejects the call, and whether a write's state change is the effect of one of the
+   task's gold writes (one that leads towards the gold final state) or leads away from it; a
+   call equal to a gold action is what the task needs by definition;
+3. reports the first error type in the order hallucination, policy_violation, wrong_tool_usage,
+   with a rationale that rests on visible information only; a rationale failing the leakage
+   check (:func:`cast_rl.critique.rationale.leakage_problems`) is dropped and counted.
+
+Tool calls without a tool message answering them (a proposal the critic rejected) are judged on
+a fork and do not change the replayed state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cast_rl.critique.context import (
+    MALFORMED,
+    ActionRef,
+    Visible,
+    is_error,
+    iter_actions,
+    tool_history,
+)
+from cast_rl.critique.rationale import Evidence, Rationale, leakage_problems
+from cast_rl.critique.rules import choose, get_rules, to_rationale, visible_findings
+from cast_rl.critique.rules.base import Finding
+from cast_rl.envs.core import DomainData, ToolEnv, call_tool
+from cast_rl.envs.db import Database, to_hashable
+from cast_rl.envs.types import Action
+from cast_rl.rollout.trajectory import Trajectory, TrajectoryFormatError
+
+logger = logging.getLogger(__name__)
+_MISSING = object()
+
+
+@dataclass
+class ActionLabel:
+    """One labelled action; ``to_json`` is a line of the labels file."""
+
+    trajectory_index: int
+    message_index: int
+    call_index: int
+    action: dict[str, Any]
+    verdict: str
+    error_type: str
+    rationale: dict[str, Any] | None
+    """None when the rationale failed the leakage check (the verdict stands)."""
+    source: str = ""
+    """The rule that decided (``grounding``, ``confirmation``, ``gold_effect``, ...)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "trajectory_index": self.trajectory_index,
+            "message_index": self.message_index,
+            "action": self.action,
+            "verdict": self.verdict,
+            "error_type": self.error_type,
+            "rationale": self.rationale,
+        }
+
+
+@dataclass
+class LabelStats:
+    """Counts over everything labelled so far."""
+
+    verdicts: Counter[str] = field(default_factory=Counter)
+    error_types: Counter[str] = field(default_factory=Counter)
+    sources: Counter[str] = field(default_factory=Counter)
+    leakage_drops: int = 0
+    trajectories: int = 0
+
+    def add(self, label: ActionLabel, leaked: bool) -> None:
+        self.verdicts[label.verdict] += 1
+        self.error_types[label.error_type] += 1
+        self.sources[label.source] += 1
+        self.leakage_drops += int(leaked)
+
+    def metrics(self) -> dict[str, float]:
+        """Flat ``label/...`` metrics for the metrics logger."""
+        total = sum(self.verdicts.values())
+        out: dict[str, float] = {
+            "label/trajectories": self.trajectories,
+            "label/actions": total,
+            "label/leakage_drops": self.leakage_drops,
+            "label/invalid_rate": self.verdicts["invalid"] / total if total else 0.0,
+        }
+        out.update({f"label/verdict_{k}": v for k, v in self.verdicts.items()})
+        out.update({f"label/type_{k}": v for k, v in self.error_types.items()})
+        return out
+
+
+class Labeller:
+    """Labels trajectories of one domain data directory (see the module docstring)."""
+
+    def __init__(self, data: DomainData) -> None:
+        self.data = data
+        self.rules = get_rules(data.domain)
+        self.stats = LabelStats()
+
+    def label(self, trajectory: Trajectory, trajectory_index: int = 0) -> list[ActionLabel]:
+        messages = trajectory.messages
+        env = ToolEnv(self.data, trajectory.split, trajectory.task_index, max_steps=None)
+        gold = [a for a in env.task.actions]
+        gold_keys = {_key(a.name, a.kwargs) for a in gold}
+        executed = {
+            (r.message_index, r.name, json.dumps(r.kwargs, sort_keys=True, default=str))
+            for r in tool_history(messages, len(messages))
+            if r.output is not None
+        }
+        labels = []
+        for action in iter_actions(messages):
+            visible = Visible(self.data.policy, messages[: action.message_index], self.data.tools)
+            findings = visible_findings(action, visible, self.rules, messages[action.message_index])
+            if not action.is_reply and action.name != MALFORMED:
+                ran = (action.message_index, action.name,
+                       json.dumps(action.kwargs, sort_keys=True, default=str)) in executed
+                db = env.db if ran else env.db.fork()
+                findings += self._privileged(action, visible, db, gold, gold_keys, trajectory)
+                if _key(action.name, action.kwargs) in gold_keys:
+                    # a gold action is what the task needs, even where the env rejects it
+                    findings = [f for f in findings if f.error_type != "wrong_tool_usage"]
+            labels.append(self._finish(trajectory_index, action, visible, choose(findings)))
+        self.stats.trajectories += 1
+        return labels
+
+    def _finish(
+        self, index: int, action: ActionRef, visible: Visible, finding: Finding | None
+    ) -> ActionLabel:
+        rationale: Rationale = to_rationale(finding, visible, action)
+        problems = leakage_problems(rationale, visible, action)
+        if problems:
+            logger.debug("dropped a rationale at message %d: %s", action.message_index, problems)
+        label = ActionLabel(
+            trajectory_index=index,
+            message_index=action.message_index,
+            call_index=action.call_index,
+            action=action.to_json(),
+            verdict=rationale.verdict,
+            error_type=rationale.error_type,
+            rationale=None if problems else rationale.to_json(),
+            source=finding.source if finding else "",
+        )
+        self.stats.add(label, bool(problems))
+        return label
+
+    def _privileged(
+        self,
+        action: ActionRef,
+        visible: Visible,
+        db: Database,
+        gold: list[Action],
+        gold_keys: set[str],
+        trajectory: Trajectory,
+    ) -> list[Finding]:
+        """Wrong tool usage decided with the environment and the gold actions; mutates ``db``."""
+        before = db.fork()
+        observation = call_tool(self.data, db, Action(action.name, action.kwargs))
+        if _key(action.name, action.kwargs) in gold_keys:
+            return []
+        if action.name in self.rules.terminate_tools:
+            gold_db = self.data.gold_db(trajectory.split, trajectory.task_index)
+            if not any(a.name in self.rules.terminate_tools for a in gold) and not db.same_state(
+                gold_db
+            ):
+                return [_wrong(
+                    "Transferring ends the conversation, but the user's request can still be "
+                    "handled with the available tools.", visible,
+                    "Continue helping the user with the tools instead of transferring.", "transfer",
+                )]
+            return []
+        if is_error(observation):
+            return [_wrong(
+                f"{action.name} cannot work with these arguments: they do not fit the records "
+                "shown so far (an id of the wrong kind, something that is not part of the record, "
+                "or a value the tool does not accept).", visible,
+                "Check the records shown so far and call the tool with arguments that fit them.",
+                "rejected",
+            )]
+        effect = changes(before, db)
+        if not effect:
+            return []
+        writes = [a for a in gold if a.name == action.name]
+        for write in writes:
+            trial = before.fork()
+            call_tool(self.data, trial, write)
+            if same_effect(effect, changes(before, trial)):
+                return []
+        return [_wrong(
+            f"{action.name} makes a change the user's request does not call for: the record or "
+            "the values it changes are not the ones the request is about.", visible,
+            _fix_hint(visible, writes, action),
+            "gold_effect",
+        )]
+
+
+def _key(name: str, kwargs: Any) -> str:
+    return json.dumps([name, kwargs], sort_keys=True, default=str)
+
+
+def changes(before: Database, after: Database) -> dict[tuple[str, str], Any]:
+    """Records that differ between a database and a fork of it (``_MISSING`` when removed)."""
+    out: dict[tuple[str, str], Any] = {}
+    for name in after:
+        new, old = after[name], before[name]
+        if hasattr(new, "touched_keys"):
+            for key in new.touched_keys() | old.touched_keys():
+                a, b = new.get(key, _MISSING), old.get(key, _MISSING)
+                if a is not b and (a is _MISSING or b is _MISSING or str(to_hashable(a)) != str(to_hashable(b))):
+                    out[(name, key)] = a
+        elif new is not old and str(to_hashable(new)) != str(to_hashable(old)):
+            out[(name, "")] = new
+    return out
+
+
+def same_effect(a: dict[tuple[str, str], Any], b: dict[tuple[str, str], Any]) -> bool:
+    if a.keys() != b.keys():
+        return False
+    return all(
+        (a[k] is _MISSING and b[k] is _MISSING)
+        or (a[k] is not _MISSING and b[k] is not _MISSING and str(to_hashable(a[k])) == str(to_hashable(b[k])))
+        for k in a
+    )
+
+
+def _wrong(explanation: str, visible: Visible, fix: str, source: str) -> Finding:
+    request = visible.user_texts[0] if visible.user_texts else None
+    evidence = []
+    if request and request[1].strip():
+        evidence.append(Evidence(request[0], request[1].strip()[:160]))
+    return Finding("wrong_tool_usage", explanation, evidence=evidence, suggested_fix=fix, source=source)
+
+
+def _fix_hint(visible: Visible, writes: list[Action], action: ActionRef) -> str:
+    """Point at the record the request is about, when that record is visible."""
+    for write in writes:
+        for key, value in write.kwargs.items():
+            if (key.endswith("_id") and isinstance(value, str)
+                    and value != action.kwargs.get(key) and visible.contains_text(value)):
+                return f"Check the request again: it is about {key} {value}."
+    return "Re-read the user's request and the records shown, and change only what was asked."
+
+
+def read_numbered(path: str | Path) -> Iterator[tuple[int, Trajectory]]:
+    """(line number, trajectory) of a JSON Lines file; errors name the file and the line."""
+    path = Path(path)
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                yield lineno, Trajectory.from_json(json.loads(raw.decode("utf-8")))
+            except (ValueError, TypeError) as exc:
+                raise TrajectoryFormatError(f"{path}:{lineno}: not a trajectory: {exc}") from None
+
+
+def label_file(
+    data: DomainData, trajectories: str | Path, out: str | Path
+) -> tuple[list[ActionLabel], list[Trajectory], Labeller]:
+    """Label every trajectory of a file (``trajectory_index`` = its position) and write JSONL."""
+    labeller = Labeller(data)
+    labels: list[ActionLabel] = []
+    read: list[Trajectory] = []
+    for lineno, trajectory in read_numbered(trajectories):
+        where = f"{trajectories}:{lineno}"
+        if trajectory.domain != data.domain:
+            raise TrajectoryFormatError(
+                f"{where}: trajectory of domain {trajectory.domain!r}, but --domain is {data.domain!r}"
+            )
+        try:
+            data.task(trajectory.split, trajectory.task_index)
+        except (ValueError, IndexError) as exc:
+            raise TrajectoryFormatError(f"{where}: {exc}") from None
+        labels += labeller.label(trajectory, len(read))
+        read.append(trajectory)
+    write_labels(out, labels)
+    return labels, read, labeller
+
+
+def write_labels(path: str | Path, labels: list[ActionLabel]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for label in labels:
+            f.write(json.dumps(label.to_json(), ensure_ascii=False) + "\n")
+
+
+def teacher_items(
+    data: DomainData, labels: list[ActionLabel], trajectories: list[Trajectory]
+) -> list[tuple[int, tuple[Rationale, Visible, ActionRef, str]]]:
+    """(label position, what the teacher needs) for every label that has a rationale."""
+    items = []
+    actions: dict[int, list[ActionRef]] = {}
+    for pos, label in enumerate(labels):
+        if label.rationale is None:
+            continue
+        trajectory = trajectories[label.trajectory_index]
+        if label.trajectory_index not in actions:
+            actions[label.trajectory_index] = list(iter_actions(trajectory.messages))
+        action = next(
+            a for a in actions[label.trajectory_index]
+            if a.message_index == label.message_index and a.call_index == label.call_index
+        )
+        visible = Visible(data.policy, trajectory.messages[: label.message_index], data.tools)
+        items.append((pos, (Rationale.from_json(label.rationale), visible, action, data.domain)))
+    return items

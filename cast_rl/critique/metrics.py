@@ -1,0 +1,112 @@
+"""Critic metrics: detection quality on labelled actions, and what critiques did in rollouts.
+
+Detection (:func:`detection_metrics`), with *invalid* as the positive class, over pairs of true
+and predicted ``(verdict, error_type)``:
+
+* ``critic/recall``: invalid actions the critic called invalid;
+* ``critic/precision``: of the actions it called invalid, those that are;
+* ``critic/false_positive_rate``: valid actions it called invalid;
+* ``critic/type_accuracy``: invalid actions it called invalid *with the right error type*
+  (a missed one counts as wrong); ``critic/type_accuracy_detected`` only over the detected;
+* ``critic/unparsable_rate``: answers it could not give (never counted as valid: an unparsable
+  answer on an invalid action is a miss, on a valid one neither a false nor a true positive).
+
+Verification rounds (:func:`verification_metrics`), from the ``verification_rounds`` of rollout
+trajectories (a round is recorded only for an invalid critique): ``critic/correction_rate`` is the
+share of criticised proposals with a revision whose revision became valid: a revision the next
+round criticised did not; any other one did, or, with a ``judge``, whatever the judge says (use
+one when the verification budget may have ended the rounds before the revision was checked).
+``critic/resistance`` is the share of criticised proposals the policy repeated unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from cast_rl.critique.verifier import Verifier, VerifyRequest
+from cast_rl.rollout.trajectory import Trajectory
+
+
+def detection_metrics(
+    truth: list[tuple[str, str]], predicted: list[tuple[str, str]]
+) -> dict[str, float]:
+    if len(truth) != len(predicted):
+        raise ValueError(f"{len(truth)} true labels but {len(predicted)} predictions")
+    tp = fp = fn = tn = typed = unparsable = 0
+    for (t_verdict, t_type), (p_verdict, p_type) in zip(truth, predicted):
+        unparsable += p_verdict == "unparsable"
+        if t_verdict == "invalid":
+            if p_verdict == "invalid":
+                tp += 1
+                typed += p_type == t_type
+            else:
+                fn += 1
+        elif p_verdict == "invalid":
+            fp += 1
+        elif p_verdict == "valid":
+            tn += 1
+    positives, negatives = tp + fn, sum(1 for t, _ in truth if t != "invalid")
+    return {
+        "critic/examples": float(len(truth)),
+        "critic/recall": tp / positives if positives else 0.0,
+        "critic/precision": tp / (tp + fp) if tp + fp else 0.0,
+        "critic/false_positive_rate": fp / negatives if negatives else 0.0,
+        "critic/type_accuracy": typed / positives if positives else 0.0,
+        "critic/type_accuracy_detected": typed / tp if tp else 0.0,
+        "critic/unparsable_rate": unparsable / len(truth) if truth else 0.0,
+    }
+
+
+async def evaluate_verifier(
+    verifier: Verifier, rows: list[tuple[VerifyRequest, str, str]], batch_size: int = 32
+) -> dict[str, float]:
+    """Detection metrics of a verifier on (request, true verdict, true type) rows."""
+    predicted: list[tuple[str, str]] = []
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
+        critiques = await verifier.verify([r for r, _, _ in batch])
+        predicted += [(c.verdict, c.error_type) for c in critiques]
+    return detection_metrics([(v, t) for _, v, t in rows], predicted)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def verification_metrics(
+    trajectories: Iterable[Trajectory],
+    judge: Callable[[Trajectory, dict[str, Any], dict[str, Any]], str] | None = None,
+) -> dict[str, float]:
+    """Correction rate and resistance (see the module docstring).
+
+    ``judge(trajectory, round, revision)`` returns a verdict for a revision that no later round
+    judged (e.g. the rule verifier's); without it such revisions are left out of the rate.
+    """
+    criticised = repeated = judged = corrected = 0
+    for trajectory in trajectories:
+        rounds = list(trajectory.verification_rounds)
+        for i, rnd in enumerate(rounds):
+            if (rnd.get("critique") or {}).get("verdict") != "invalid":
+                continue
+            criticised += 1
+            revision = rnd.get("revision")
+            if revision is None:
+                continue
+            if _same(revision, rnd.get("proposal")):
+                repeated += 1
+            following = rounds[i + 1] if i + 1 < len(rounds) else None
+            if following is not None and _same(following.get("proposal"), revision):
+                verdict = (following.get("critique") or {}).get("verdict")
+            elif judge is not None:
+                verdict = judge(trajectory, rnd, revision)
+            else:
+                verdict = "valid"  # the critic let it pass (or the budget ended the rounds)
+            judged += 1
+            corrected += verdict == "valid"
+    return {
+        "critic/criticised_proposals": float(criticised),
+        "critic/correction_rate": corrected / judged if judged else 0.0,
+        "critic/resistance": repeated / criticised if criticised else 0.0,
+    }

@@ -1,0 +1,168 @@
+"""The critic service: a batched critic behind a backend registry, and its retrying client.
+
+:class:`CriticService` is the library object the Ray actor (``actors/critic_service.py``) wraps:
+``await service.critique(requests) -> critiques`` over one :class:`Verifier` backend chosen by
+``critic.backend`` (``rule``: visible-information rules; ``model``: a critic LLM through an
+:class:`~cast_rl.inference.base.InferenceEngine`).  It counts what it answered, unparsable answers
+apart.
+
+:class:`CriticServiceClient` is what rollout workers hold: a :class:`Verifier` that sends each
+batch to one of the service actors (round robin) and, when an actor dies or is unavailable,
+retries on the next one (re-creating the dead one when it can), at most ``critic.max_retries``
+times before giving up with :class:`CriticUnavailable`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from cast_rl.config.schema import CriticConfig
+from cast_rl.critique.verifier import Critique, ModelVerifier, RuleVerifier, Verifier, VerifyRequest
+
+logger = logging.getLogger(__name__)
+
+ACTOR_PREFIX = "cast-critic"
+"""Critic service actors are named ``cast-critic-<i>`` so every worker finds the same ones."""
+
+
+class CriticUnavailable(RuntimeError):
+    """Every retry of a critique request hit a dead or unavailable critic actor."""
+
+
+def _rule(cfg: CriticConfig, tools: dict[str, list[dict[str, Any]]] | None, engine: Any) -> Verifier:
+    return RuleVerifier(tools)
+
+
+def _model(cfg: CriticConfig, tools: dict[str, list[dict[str, Any]]] | None, engine: Any) -> Verifier:
+    from cast_rl.inference.base import Sampling
+
+    if engine is None:
+        from cast_rl.inference import build_engine
+
+        engine = build_engine(cfg.model.path, cfg.inference, seed=cfg.model.seed)
+    sampling = Sampling(
+        max_new_tokens=cfg.inference.max_new_tokens,
+        temperature=cfg.inference.temperature,
+        top_p=cfg.inference.top_p,
+        logprobs=False,
+    )
+    return ModelVerifier(engine, sampling)
+
+
+BACKENDS: dict[str, Callable[[CriticConfig, Any, Any], Verifier]] = {"rule": _rule, "model": _model}
+
+
+def build_verifier(
+    cfg: CriticConfig,
+    tools: dict[str, list[dict[str, Any]]] | None = None,
+    engine: Any = None,
+) -> Verifier:
+    """The verifier of ``cfg.backend`` (``engine`` overrides the model backend's own engine)."""
+    if cfg.backend not in BACKENDS:
+        raise ValueError(f"critic.backend={cfg.backend!r} is not allowed; choose {', '.join(BACKENDS)}")
+    return BACKENDS[cfg.backend](cfg, tools, engine)
+
+
+def as_request(obj: VerifyRequest | dict[str, Any]) -> VerifyRequest:
+    return obj if isinstance(obj, VerifyRequest) else VerifyRequest(**obj)
+
+
+class CriticService:
+    """Batched critiques from one verifier backend, with counts for the metrics logger."""
+
+    def __init__(self, verifier: Verifier) -> None:
+        self.verifier = verifier
+        self.counts: Counter[str] = Counter()
+
+    async def critique(self, requests: list[VerifyRequest | dict[str, Any]]) -> list[Critique]:
+        batch = [as_request(r) for r in requests]
+        critiques = await self.verifier.verify(batch) if batch else []
+        if len(critiques) != len(batch):
+            raise RuntimeError(f"the verifier answered {len(critiques)} of {len(batch)} requests")
+        self.counts["requests"] += len(batch)
+        self.counts["batches"] += 1
+        for c in critiques:
+            self.counts[c.verdict] += 1
+            if c.verdict == "invalid":
+                self.counts[f"type_{c.error_type}"] += 1
+        return critiques
+
+    def stats(self) -> dict[str, float]:
+        """``critic/`` metrics: requests, batches, verdict counts and the unparsable rate."""
+        out = {f"critic/{k}": float(v) for k, v in self.counts.items()}
+        n = self.counts["requests"]
+        out["critic/unparsable_rate"] = self.counts["unparsable"] / n if n else 0.0
+        return out
+
+
+def _ray_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from ray.exceptions import ActorUnavailableError, RayActorError
+    except ImportError:  # pragma: no cover - ray is a hard dependency
+        return ()
+    return (RayActorError, ActorUnavailableError)
+
+
+class CriticServiceClient:
+    """A :class:`Verifier` over critic service actors, with retry and fail-over.
+
+    ``handles`` are actor handles with a ``critique`` method; ``respawn(i)`` (optional) returns
+    a fresh handle for slot ``i`` after its actor died.
+    """
+
+    def __init__(
+        self,
+        handles: list[Any],
+        max_retries: int = 3,
+        respawn: Callable[[int], Any] | None = None,
+        retry_on: tuple[type[BaseException], ...] | None = None,
+    ) -> None:
+        if not handles:
+            raise ValueError("CriticServiceClient needs at least one critic actor handle")
+        self.handles = list(handles)
+        self.max_retries = max_retries
+        self.respawn = respawn
+        self.retry_on = retry_on if retry_on is not None else _ray_errors()
+        self.failures = 0
+        self._next = 0
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> CriticServiceClient:
+        """Join (or start) the ``critic.num_replicas`` named critic actors of a run."""
+        from actors.critic_service import critic_actor
+
+        critic: CriticConfig = cfg.critic
+        handles = [critic_actor(cfg, i) for i in range(critic.num_replicas)]
+        return cls(handles, critic.max_retries, respawn=lambda i: critic_actor(cfg, i))
+
+    async def verify(self, requests: list[VerifyRequest]) -> list[Critique]:
+        attempt = 0
+        while True:
+            slot = self._next % len(self.handles)
+            self._next += 1
+            try:
+                result = await self.handles[slot].critique.remote(requests)
+                return [c if isinstance(c, Critique) else Critique(**c) for c in result]
+            except self.retry_on as exc:
+                self.failures += 1
+                attempt += 1
+                if attempt > self.max_retries:
+                    raise CriticUnavailable(
+                        f"critic service failed {attempt} times (critic.max_retries="
+                        f"{self.max_retries}); last error: {exc}"
+                    ) from exc
+                logger.warning("critic actor %d failed (%s); retry %d of %d", slot, exc, attempt,
+                               self.max_retries)
+                if self.respawn is not None:
+                    try:
+                        self.handles[slot] = self.respawn(slot)
+                    except Exception as respawn_exc:  # keep failing over to the others
+                        logger.warning("could not restart critic actor %d: %s", slot, respawn_exc)
+
+
+def critique_dicts(critiques: list[Critique]) -> list[dict[str, Any]]:
+    return [asdict(c) for c in critiques]

@@ -1,0 +1,119 @@
+"""Teacher rationales: an LLM rewrites a rule-based rationale in natural language.
+
+The teacher sees only what the critic may see (the visible conversation and the proposed action,
+rendered by :func:`cast_rl.critique.prompt.critic_messages`) plus the rule-based critique, and
+answers in the same fixed format.  Its rewrite is kept only when it parses, keeps the verdict and
+the error type, and passes the same leakage check as the rule-based rationale; otherwise it is
+discarded (and counted) and the rule-based rationale stays.
+
+Any :class:`~cast_rl.inference.base.InferenceEngine` can teach; :class:`OpenAIChat` is a minimal
+engine for an OpenAI-compatible endpoint (text only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from cast_rl.critique.context import ActionRef, Visible
+from cast_rl.critique.prompt import critic_messages
+from cast_rl.critique.rationale import Rationale, format_critique, leakage_problems, parse_critique
+from cast_rl.critique.verifier import VerifyRequest
+from cast_rl.inference.base import Completion, Sampling
+
+logger = logging.getLogger(__name__)
+
+TEACHER_NOTE = """A rule-based checker wrote the critique below. Rewrite it as a careful human \
+reviewer would: clear natural language, the same verdict and error type, evidence quoted \
+verbatim from the conversation or the policy, and no id or value that the conversation does not \
+show. Answer in the critique format only.
+
+# Rule-based critique
+{critique}"""
+
+
+class OpenAIChat:
+    """An OpenAI-compatible chat endpoint as a (text-only) inference engine."""
+
+    tokenizer: Any = None
+
+    def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY") -> None:
+        from openai import AsyncOpenAI
+
+        self.model = model
+        self._client = AsyncOpenAI(base_url=base_url, api_key=os.environ.get(api_key_env, "EMPTY"))
+
+    async def chat(
+        self, messages: list[dict[str, Any]], sampling: Sampling, tools: list[dict[str, Any]] | None = None
+    ) -> Completion:
+        response = await self._client.chat.completions.create(
+            model=self.model,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+        )
+        choice = response.choices[0]
+        return Completion(text=choice.message.content or "", finish_reason=choice.finish_reason or "stop")
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+@dataclass
+class TeacherStats:
+    rewritten: int = 0
+    discarded: int = 0
+
+
+class Teacher:
+    """Rewrites rationales through an engine; see the module docstring."""
+
+    def __init__(self, engine: Any, sampling: Sampling | None = None, max_prompt_chars: int = 24_000) -> None:
+        self.engine = engine
+        self.sampling = sampling or Sampling(max_new_tokens=384, temperature=0.0, logprobs=False)
+        self.max_prompt_chars = max_prompt_chars
+        self.stats = TeacherStats()
+
+    async def rewrite(
+        self, rationale: Rationale, visible: Visible, action: ActionRef, domain: str
+    ) -> Rationale | None:
+        """The teacher's rationale, or None when it is discarded."""
+        request = VerifyRequest(domain, visible.policy, visible.messages, action.to_json())
+        messages = critic_messages(request, self.max_prompt_chars)
+        messages[-1] = {
+            "role": "user",
+            "content": messages[-1]["content"] + "\n\n" + TEACHER_NOTE.format(critique=format_critique(rationale)),
+        }
+        try:
+            completion = await self.engine.chat(messages, self.sampling)
+        except Exception as exc:  # a failed teacher call only loses the rewrite
+            logger.warning("teacher call failed: %s", exc)
+            self.stats.discarded += 1
+            return None
+        rewritten = parse_critique(completion.text)
+        ok = (
+            rewritten is not None
+            and rewritten.verdict == rationale.verdict
+            and rewritten.error_type == rationale.error_type
+            and not leakage_problems(rewritten, visible, action)
+        )
+        if not ok:
+            self.stats.discarded += 1
+            return None
+        self.stats.rewritten += 1
+        return rewritten
+
+    async def rewrite_many(
+        self, items: list[tuple[Rationale, Visible, ActionRef, str]], concurrency: int = 8
+    ) -> list[Rationale | None]:
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(item: tuple[Rationale, Visible, ActionRef, str]) -> Rationale | None:
+            async with gate:
+                return await self.rewrite(*item)
+
+        return list(await asyncio.gather(*(one(i) for i in items)))

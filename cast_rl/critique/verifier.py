@@ -1,0 +1,145 @@
+"""The verification hook between rollout workers and a critic.
+
+A rollout worker that runs with ``critic.verification_budget > 0`` hands each proposed action to
+a :class:`Verifier` before it runs; the critique's ``text`` is shown to the policy as a ``user``
+message named ``critic`` and the round is recorded in the trajectory.
+
+Implementations: :class:`cast_rl.critique.verifier.RuleVerifier` (visible-information rules,
+no gold actions), :class:`cast_rl.critique.verifier.ModelVerifier` (a critic LLM behind an
+:class:`~cast_rl.inference.base.InferenceEngine`), and the retrying client of the Ray critic
+service in :mod:`cast_rl.critique.service`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+logger = logging.getLogger(__name__)
+
+VERDICTS = ("valid", "invalid", "unparsable")
+
+
+@dataclass
+class VerifyRequest:
+    """One proposed action and everything the agent could see when it proposed it."""
+
+    domain: str
+    """Domain name (retail, airline, telecom, telehealth)."""
+    policy: str
+    """The domain policy text (the agent's system prompt)."""
+    messages: list[dict[str, Any]]
+    """Visible conversation so far, OpenAI-style, not including the proposal."""
+    proposal: dict[str, Any]
+    """``{"name": tool, "kwargs": {...}}``; ``{"name": "respond", "kwargs": {"content": ...}}``
+    for a message to the user."""
+
+
+@dataclass
+class Critique:
+    """A critic's answer to one :class:`VerifyRequest`."""
+
+    verdict: str
+    """valid, invalid or unparsable (the critic's output could not be read)."""
+    error_type: str
+    """none, hallucination, policy_violation or wrong_tool_usage ("unknown" when unparsable)."""
+    rationale: dict[str, Any] = field(default_factory=dict)
+    """The structured rationale (verdict, error_type, evidence, policy_clause, explanation,
+    suggested_fix)."""
+    text: str = ""
+    """What the policy is shown."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "error_type": self.error_type,
+            "rationale": self.rationale,
+            "text": self.text,
+        }
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """Critiques a batch of proposals; one :class:`Critique` per request, in order."""
+
+    async def verify(self, requests: list[VerifyRequest]) -> list[Critique]: ...
+
+
+class RuleVerifier:
+    """Critiques from the visible-information rules of each domain (no gold actions, no env).
+
+    ``tools`` (domain -> tool schemas) enables the argument-name checks; without it they are
+    skipped.  Used as the embedded default critic and in tests.
+    """
+
+    def __init__(self, tools: dict[str, list[dict[str, Any]]] | None = None) -> None:
+        self.tools = dict(tools or {})
+
+    async def verify(self, requests: list[VerifyRequest]) -> list[Critique]:
+        return [self.verify_one(r) for r in requests]
+
+    def verify_one(self, request: VerifyRequest) -> Critique:
+        from cast_rl.critique.context import ActionRef, Visible
+        from cast_rl.critique.rationale import format_critique, leakage_problems
+        from cast_rl.critique.rules import choose, get_rules, to_rationale, visible_findings
+
+        rules = get_rules(request.domain)
+        proposal = request.proposal
+        action = ActionRef(
+            len(request.messages), 0, str(proposal.get("name", "")), dict(proposal.get("kwargs") or {})
+        )
+        visible = Visible(request.policy, request.messages, self.tools.get(request.domain, []))
+        rationale = to_rationale(choose(visible_findings(action, visible, rules)), visible, action)
+        if leakage_problems(rationale, visible, action):  # never expected from the rules
+            rationale.evidence = []
+            rationale.explanation = f"The action is judged {rationale.error_type}."
+            rationale.suggested_fix = ""
+        return Critique(
+            rationale.verdict, rationale.error_type, rationale.to_json(), format_critique(rationale)
+        )
+
+
+class ModelVerifier:
+    """Critiques written by a critic model behind an :class:`InferenceEngine`.
+
+    The answer is parsed into the rationale schema; an answer that does not follow the format
+    (or a failed generation) is reported with verdict ``unparsable``, never as valid.
+    """
+
+    def __init__(self, engine: Any, sampling: Any = None, max_prompt_chars: int = 24_000) -> None:
+        from cast_rl.inference.base import Sampling
+
+        self.engine = engine
+        self.sampling = sampling or Sampling(max_new_tokens=256, temperature=0.0, logprobs=False)
+        self.max_prompt_chars = max_prompt_chars
+
+    async def verify(self, requests: list[VerifyRequest]) -> list[Critique]:
+        import asyncio
+
+        from cast_rl.critique.prompt import critic_messages
+
+        results = await asyncio.gather(
+            *(
+                self.engine.chat(critic_messages(r, self.max_prompt_chars), self.sampling)
+                for r in requests
+            ),
+            return_exceptions=True,
+        )
+        return [self.parse(r) for r in results]
+
+    @staticmethod
+    def parse(result: Any) -> Critique:
+        """The critique a completion holds, or an ``unparsable`` one."""
+        from cast_rl.critique.rationale import format_critique, parse_critique, unparsable
+
+        if isinstance(result, BaseException):
+            logger.warning("critic generation failed: %s", result)
+            text = f"generation failed: {result}"
+            return Critique("unparsable", "unknown", unparsable(text), "")
+        rationale = parse_critique(result.text)
+        if rationale is None:
+            return Critique("unparsable", "unknown", unparsable(result.text), "")
+        return Critique(
+            rationale.verdict, rationale.error_type, rationale.to_json(), format_critique(rationale)
+        )
