@@ -1,0 +1,176 @@
+"""The learner as a Ray actor group: N workers sharing one torch.distributed process group.
+
+Why an actor group and not Ray Train's ``TorchTrainer``: a ``TorchTrainer`` runs one
+``train_loop_per_worker`` function to completion, and the driver can talk to it only through
+what that function reads (datasets, queues) and reports.  The RL learner is a long-lived service
+the driver calls many times — ``train_step(batch)``, ``publish_weights()``, ``save_checkpoint``
+— between which rollouts run.  Plain actors give exactly that: each is one process holding its
+FSDP2 shard, the driver calls methods on all of them, and ``torch.distributed`` is set up the
+same way Ray Train does it (``MASTER_ADDR``/``MASTER_PORT`` from rank 0, gloo on CPUs, NCCL on
+GPUs).
+
+Weights reach rollout engines through the Ray object store on CPUs: every rank takes part in the
+gather, rank 0 returns the full state dict as the *value* of a Ray call (stored once in the
+object store) and its checksum as a second small return value, so
+:meth:`LearnerGroup.publish_weights` hands out an ObjectRef that many readers fetch
+(``num_returns=2``: the driver reads the checksum without pulling the weights).
+On GPUs :meth:`LearnerGroup.init_weight_broadcast` and :meth:`LearnerGroup.broadcast_weights`
+broadcast from rank 0 to the engines over a dedicated group instead (:mod:`cast_rl.learner.nccl_sync`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from cast_rl.config.schema import CastConfig
+from cast_rl.learner.batch import shard
+from cast_rl.learner.sample import Sample
+
+logger = logging.getLogger(__name__)
+
+
+@ray.remote
+class LearnerWorkerActor:
+    """One FSDP rank: a thin shell around :class:`cast_rl.learner.engine.LearnerEngine`."""
+
+    def __init__(self, cfg: CastConfig, rank: int, world_size: int) -> None:
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.engine: Any = None
+
+    def address(self) -> tuple[str, int]:
+        """This node's IP and a free port (asked of rank 0 for the rendezvous)."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, master_addr: str, master_port: int) -> int:
+        import torch
+
+        from cast_rl.learner.engine import LearnerEngine
+
+        os.environ.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+                           "RANK": str(self.rank), "WORLD_SIZE": str(self.world_size)})
+        if self.cfg.learner.num_cpus_per_worker >= 1:
+            torch.set_num_threads(int(self.cfg.learner.num_cpus_per_worker))
+        self.engine = LearnerEngine(self.cfg, self.rank, self.world_size)
+        return self.engine.version
+
+    def train_step(self, samples: list[Sample]) -> dict[str, float]:
+        return self.engine.train_step(samples)
+
+    @ray.method(num_returns=2)
+    def gather_weights(self) -> tuple[dict[str, Any] | None, str | None]:
+        """Collective; rank 0 returns (full state dict, checksum), the others (None, None)."""
+        from cast_rl.inference.weight_sync import state_checksum
+
+        state = self.engine.full_state_dict()
+        return (state, state_checksum(state)) if self.rank == 0 else (None, None)
+
+    def save_checkpoint(self, path: str) -> None:
+        self.engine.save_checkpoint(path)
+
+    def load_checkpoint(self, path: str, version: int) -> None:
+        self.engine.load_checkpoint(path, version)
+
+    def save_hf(self, path: str) -> str | None:
+        out = self.engine.save_hf(path)
+        return str(out) if out else None
+
+    def logprobs(self, samples: list[Sample]) -> list[list[float]]:
+        return self.engine.logprobs(samples)
+
+    def init_weight_broadcast(self, master_addr: str, master_port: int, world_size: int) -> None:
+        """Rank 0 only: host the learner-to-engines group (NCCL on GPUs, gloo on CPUs)."""
+        from cast_rl.learner.nccl_sync import WeightBroadcaster, weight_sync_group
+
+        backend = "nccl" if self.engine.device.type == "cuda" else "gloo"
+        group = weight_sync_group(master_addr, master_port, 0, world_size, backend)
+        self.broadcaster = WeightBroadcaster(group, self.engine.device)
+
+    def prepare_broadcast(self) -> Any:
+        """Collective gather; rank 0 keeps the weights and returns their WeightMeta."""
+        state = self.engine.full_state_dict()
+        if self.rank != 0:
+            return None
+        self._pending = state
+        return self.broadcaster.prepare(self.engine.version, state)
+
+    def broadcast(self, meta: Any) -> int:
+        """Rank 0: send the prepared weights (receivers call ``receive(meta)`` meanwhile)."""
+        state, self._pending = self._pending, None
+        self.broadcaster.send(meta, state)
+        return meta.version
+
+
+class LearnerGroup:
+    """Driver-side handle on the learner workers; implements the loop's learner interface."""
+
+    def __init__(self, cfg: CastConfig, num_workers: int | None = None) -> None:
+        self.cfg = cfg
+        n = num_workers or cfg.learner.num_workers
+        options = {"num_cpus": cfg.learner.num_cpus_per_worker, "num_gpus": cfg.learner.num_gpus_per_worker}
+        actor: Any = LearnerWorkerActor
+        self.workers = [actor.options(**options).remote(cfg, r, n) for r in range(n)]
+        ip, port = ray.get(self.workers[0].address.remote())
+        addr = ip if cfg.learner.master_addr == "auto" else cfg.learner.master_addr
+        versions = ray.get([w.setup.remote(addr, port) for w in self.workers])
+        self.version = versions[0]
+        logger.info("learner group: %d workers, rendezvous %s:%d", n, addr, port)
+
+    def train_step(self, samples: list[Sample]) -> dict[str, float]:
+        """One optimizer step on a global batch, split over the workers by token count."""
+        shards = shard(samples, len(self.workers))
+        results = ray.get([w.train_step.remote(s) for w, s in zip(self.workers, shards)])
+        self.version = int(results[0]["policy_version"])
+        return results[0]
+
+    def publish_weights(self) -> tuple[int, Any, str]:
+        """Gather full weights; returns (version, ObjectRef of the state dict, checksum)."""
+        refs = [w.gather_weights.remote() for w in self.workers]
+        state_ref, checksum_ref = refs[0]
+        checksum = ray.get(checksum_ref)
+        ray.get([r[1] for r in refs[1:]])  # every rank finished the collective
+        return self.version, state_ref, checksum
+
+    def init_weight_broadcast(self, world_size: int) -> tuple[tuple[str, int], Any]:
+        """Start the GPU weight-sync group; returns ((addr, port), ObjectRef of rank 0's join).
+
+        Engines join as ranks 1..world_size-1 at that address (``nccl_sync.weight_sync_group``)
+        before the returned ref is awaited: the rendezvous needs every rank.
+        """
+        addr, port = ray.get(self.workers[0].address.remote())
+        return (addr, port), self.workers[0].init_weight_broadcast.remote(addr, port, world_size)
+
+    def broadcast_weights(self, receive: Callable[[Any], list[Any]]) -> Any:
+        """Gather, announce, broadcast: ``receive(meta)`` starts every engine's receive and
+        returns their ObjectRefs; all must succeed (any failure raises here)."""
+        meta = ray.get([w.prepare_broadcast.remote() for w in self.workers])[0]
+        ray.get([self.workers[0].broadcast.remote(meta), *receive(meta)])
+        return meta
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        ray.get([w.save_checkpoint.remote(str(path)) for w in self.workers])
+
+    def load_checkpoint(self, path: str | Path, version: int) -> None:
+        ray.get([w.load_checkpoint.remote(str(path), version) for w in self.workers])
+        self.version = version
+
+    def save_hf(self, path: str | Path) -> Path:
+        outs = ray.get([w.save_hf.remote(str(path)) for w in self.workers])
+        return Path(outs[0])
+
+    def logprobs(self, samples: list[Sample]) -> list[list[float]]:
+        """Every rank runs the forward passes (FSDP collectives); rank 0's answer is returned."""
+        return ray.get([w.logprobs.remote(samples) for w in self.workers])[0]
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            ray.kill(w)

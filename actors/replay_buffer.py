@@ -1,0 +1,86 @@
+"""The replay buffer as a Ray actor, and a blocking client with the in-process interface.
+
+The actor is threaded (``max_concurrency``): a learner blocked in ``sample`` (waiting for fresh
+samples) or a producer blocked in ``admit`` does not stop rollout workers from adding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from cast_rl.config.schema import ReplayBufferConfig
+from cast_rl.learner.sample import Sample
+from cast_rl.replay.buffer import AddResult, ReplayBuffer
+
+
+@ray.remote(num_cpus=0, max_concurrency=16)  # type: ignore[call-overload]
+class ReplayBufferActor:
+    """A shell around :class:`cast_rl.replay.ReplayBuffer`."""
+
+    def __init__(self, cfg: ReplayBufferConfig, log_path: str | None, batch_size: int) -> None:
+        self.buffer = ReplayBuffer(cfg, log_path, batch_size)
+
+    def add(self, samples: list[Sample]) -> AddResult:
+        return self.buffer.add(samples)
+
+    def admit(self, policy_version: int, n: int, timeout_s: float | None = None) -> bool:
+        return self.buffer.admit(policy_version, n, timeout_s)
+
+    def sample(self, n: int, learner_version: int | None = None, timeout_s: float | None = None) -> list[Sample]:
+        return self.buffer.sample(n, learner_version, timeout_s)
+
+    def set_learner_version(self, version: int) -> None:
+        self.buffer.set_learner_version(version)
+
+    def cursor(self) -> int:
+        return self.buffer.cursor()
+
+    def rewind(self, cursor: int) -> int:
+        return self.buffer.rewind(cursor)
+
+    def close(self, reason: str = "replay buffer closed") -> None:
+        self.buffer.close(reason)
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.buffer.snapshot()
+
+    def size(self) -> int:
+        return len(self.buffer)
+
+
+class ReplayBufferClient:
+    """Calls the actor and waits: the same methods as :class:`ReplayBuffer` for the driver loop."""
+
+    def __init__(self, cfg: ReplayBufferConfig, log_path: str | Path | None, batch_size: int, **options: Any) -> None:
+        actor: Any = ReplayBufferActor
+        self.handle = actor.options(**options).remote(cfg, str(log_path) if log_path else None, batch_size)
+
+    def add(self, samples: list[Sample]) -> AddResult:
+        return ray.get(self.handle.add.remote(samples))
+
+    def admit(self, policy_version: int, n: int, timeout_s: float | None = None) -> bool:
+        return ray.get(self.handle.admit.remote(policy_version, n, timeout_s))
+
+    def sample(self, n: int, learner_version: int | None = None, timeout_s: float | None = None) -> list[Sample]:
+        return ray.get(self.handle.sample.remote(n, learner_version, timeout_s))
+
+    def set_learner_version(self, version: int) -> None:
+        ray.get(self.handle.set_learner_version.remote(version))
+
+    def cursor(self) -> int:
+        return ray.get(self.handle.cursor.remote())
+
+    def rewind(self, cursor: int) -> int:
+        return ray.get(self.handle.rewind.remote(cursor))
+
+    def close(self, reason: str = "replay buffer closed") -> None:
+        ray.get(self.handle.close.remote(reason))
+
+    def snapshot(self) -> dict[str, Any]:
+        return ray.get(self.handle.snapshot.remote())
+
+    def __len__(self) -> int:
+        return ray.get(self.handle.size.remote())

@@ -1,0 +1,177 @@
+"""Learner throughput and weight-sync cost, each against a plain baseline.
+
+Run (from the repo root)::
+
+    .venv/bin/python bench/learner_throughput.py [--workers 2] [--hidden 256] [--layers 4]
+        [--batches 6] [--batch-size 16] [--micro-batch-size 4] [--min-len 64] [--max-len 128]
+
+Measured on the same randomly generated batches (a small offline Qwen3 built on the spot):
+
+* ``fsdp_vs_plain_loop``: tokens/s of the FSDP learner group (``--workers`` Ray actors, FSDP2
+  over gloo, one torch thread each, called through Ray like the driver loop does) divided by the
+  tokens/s of a plain single-process PyTorch loop (one thread: the same model, the same
+  micro-batches with dynamic padding, masked cross-entropy, gradient accumulation, clipping,
+  AdamW).  The first batch of each is a warm-up and is not timed.
+* ``sync_vs_memcpy``: one weight sync (full-weight gather on every rank, the state dict stored
+  once in the object store, and a reader actor's ``ray.get`` of it, with checksum) divided by
+  one in-memory copy of the same number of bytes (best of 5); both medians of ``--sync-reps``.
+
+The last line of stdout is one JSON object with the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def make_batches(n: int, size: int, min_len: int, max_len: int, vocab: int, seed: int = 0) -> list:
+    from cast_rl.learner.sample import Sample
+
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for b in range(n):
+        batch = []
+        for i in range(size):
+            length = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
+            ids = torch.randint(3, vocab, (length,), generator=g).tolist()
+            half = length // 2
+            batch.append(Sample(f"b{b}-{i}", "supervised", ids, [0] * half + [1] * (length - half), [0.0] * length))
+        batches.append(batch)
+    return batches
+
+
+def plain_loop(model_dir: Path, batches: list, micro: int, lr: float) -> float:
+    """Tokens/s of an ordinary single-process training loop on the same batches."""
+    from transformers import AutoModelForCausalLM
+
+    from cast_rl.learner.batch import collate, split_micro_batches
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    timed_tokens, timed_s = 0, 0.0
+    for i, batch in enumerate(batches):
+        t0 = time.perf_counter()
+        total = sum(s.num_loss_tokens - s.loss_mask[0] for s in batch)
+        for group in split_micro_batches(batch, micro):
+            mb = collate(group, pad_id=0)
+            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
+            ce = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), mb.targets, reduction="none")
+            ((ce * mb.loss_mask).sum() / total).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i:  # the first batch warms up
+            timed_s += time.perf_counter() - t0
+            timed_tokens += sum(len(s.token_ids) for s in batch)
+    return timed_tokens / timed_s
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--batches", type=int, default=6)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--micro-batch-size", type=int, default=4)
+    p.add_argument("--min-len", type=int, default=64)
+    p.add_argument("--max-len", type=int, default=128)
+    p.add_argument("--sync-reps", type=int, default=3)
+    args = p.parse_args(argv)
+
+    import ray
+
+    from actors.learner import LearnerGroup
+    from cast_rl.config import load_config
+    from cast_rl.inference.weight_sync import state_checksum
+    from cast_rl.models.tiny import TinyModelSpec, make_tiny_model
+
+    tmp = Path(tempfile.mkdtemp(prefix="learner-bench-"))
+    spec = TinyModelSpec(hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_layers=args.layers,
+                         num_heads=max(1, args.hidden // 64), num_kv_heads=1)
+    model_dir = make_tiny_model(tmp / "model", spec, seed=0)
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(model_dir)
+    vocab = reference.config.vocab_size
+    n_params = sum(p.numel() for p in reference.parameters())
+    del reference
+    batches = make_batches(args.batches, args.batch_size, args.min_len, args.max_len, vocab)
+    print(f"model: {n_params / 1e6:.2f}M parameters, vocab {vocab}; {args.batches} batches of {args.batch_size}")
+
+    plain_tps = plain_loop(model_dir, batches, args.micro_batch_size, 1e-4)
+    print(f"plain single-process loop: {plain_tps:,.0f} tokens/s")
+
+    cfg = load_config(None, [
+        f"policy.path={model_dir}", f"run_dir={tmp / 'run'}", f"learner.num_workers={args.workers}",
+        f"learner.micro_batch_size={args.micro_batch_size}",
+        f"learner.global_batch_size={args.batch_size}", "learner.lr=1e-4", "learner.num_cpus_per_worker=1",
+        "logging.mode=disabled",
+    ])
+    ray.init(num_cpus=max(2, args.workers), include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}})
+    group = LearnerGroup(cfg)
+    timed_tokens, timed_s = 0, 0.0
+    for i, batch in enumerate(batches):
+        t0 = time.perf_counter()
+        group.train_step(batch)
+        if i:
+            timed_s += time.perf_counter() - t0
+            timed_tokens += sum(len(s.token_ids) for s in batch)
+    fsdp_tps = timed_tokens / timed_s
+    print(f"FSDP learner ({args.workers} gloo workers via Ray): {fsdp_tps:,.0f} tokens/s")
+
+    @ray.remote(num_cpus=0)
+    def reader(state: dict, checksum: str) -> int:
+        if state_checksum(state) != checksum:
+            raise RuntimeError("checksum mismatch")
+        return sum(t.numel() * t.element_size() for t in state.values())
+
+    sync_s, copy_s = [], []
+    ray.get(reader.remote(*group.publish_weights()[1:]))  # warm-up
+    for _ in range(args.sync_reps):
+        t0 = time.perf_counter()
+        _, ref, checksum = group.publish_weights()
+        nbytes = ray.get(reader.remote(ref, checksum))
+        sync_s.append(time.perf_counter() - t0)
+        src = torch.empty(nbytes, dtype=torch.uint8).random_()
+        dst = torch.empty_like(src)
+        best = float("inf")
+        for _ in range(5):
+            t1 = time.perf_counter()
+            dst.copy_(src)
+            best = min(best, time.perf_counter() - t1)
+        copy_s.append(best)
+    sync, mem = statistics.median(sync_s), statistics.median(copy_s)
+    print(f"weight sync of {nbytes / 1e6:.1f} MB: {sync * 1e3:.1f} ms (gather + put + reader get + checksum); "
+          f"memcpy {mem * 1e3:.3f} ms")
+    group.shutdown()
+    ray.shutdown()
+    print(json.dumps({
+        "fsdp_vs_plain_loop": round(fsdp_tps / plain_tps, 3),
+        "sync_vs_memcpy": round(sync / mem, 1),
+        "fsdp_tokens_per_s": round(fsdp_tps, 1),
+        "plain_tokens_per_s": round(plain_tps, 1),
+        "sync_ms": round(sync * 1e3, 2),
+        "memcpy_ms": round(mem * 1e3, 4),
+        "weights_mb": round(nbytes / 1e6, 2),
+        "workers": args.workers,
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

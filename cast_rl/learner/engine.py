@@ -1,0 +1,264 @@
+"""One FSDP2 learner rank: Hugging Face model, verl losses, one optimizer step per global batch.
+
+The same code runs on CPUs (gloo) and GPUs (NCCL): ranks join one ``torch.distributed`` process
+group (``MASTER_ADDR``/``MASTER_PORT`` from the environment, set by
+:class:`actors.learner.LearnerGroup`; a single rank without them uses an in-process store), the
+model is sharded with ``fully_shard`` per decoder layer and at the root, and on GPUs an optional
+bf16 :class:`MixedPrecisionPolicy` computes in bf16 over fp32 master weights.
+
+A step (:meth:`LearnerEngine.train_step`) takes this rank's share of a global batch:
+
+1. micro-batches of similar length with dynamic padding; every rank runs the same number (a rank
+   with less data runs an empty micro-batch) so FSDP's collectives stay in step;
+2. global counts (loss tokens and sequences, policy and supervised apart) are all-reduced, and
+   verl's aggregation divides each micro-batch by them, so the data-parallel gradient equals the
+   single-process one;
+3. forward, losses (verl policy loss, optional verl KL to a frozen reference, cross-entropy for
+   supervised samples), backward with gradient sync only on the last micro-batch;
+4. gradient clipping and one AdamW step; the policy version goes up by one.
+
+With ``algorithm.old_logprobs=recompute`` the behaviour logprobs are this step's own forward
+pass, detached: there is one optimizer step per batch, so the pre-update forward verl would run
+gives exactly these values (the PPO ratio starts at 1) and a second pass is saved.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cast_rl.config.schema import CastConfig
+from cast_rl.learner import checkpoint
+from cast_rl.learner.batch import MicroBatch, collate, dummy_micro_batch, split_micro_batches
+from cast_rl.learner.losses import (
+    GlobalBatchInfo,
+    kl_loss,
+    policy_loss,
+    supervised_loss,
+    token_logprobs,
+    verl_actor_config,
+)
+from cast_rl.learner.sample import Sample
+
+logger = logging.getLogger(__name__)
+
+
+def init_distributed(rank: int, world_size: int, backend: str) -> None:
+    """Join the default process group (once per process)."""
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size:
+            raise RuntimeError(f"process group has {dist.get_world_size()} ranks, wanted {world_size}")
+        return
+    if world_size == 1 and "MASTER_PORT" not in os.environ:
+        dist.init_process_group(backend, rank=0, world_size=1, store=dist.HashStore())
+    else:
+        dist.init_process_group(backend, rank=rank, world_size=world_size)
+
+
+def pick_device(cfg: CastConfig) -> torch.device:
+    if cfg.learner.num_gpus_per_worker > 0 and torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
+    return torch.device("cpu")
+
+
+class LearnerEngine:
+    """One data-parallel rank of the learner (see the module doc)."""
+
+    def __init__(self, cfg: CastConfig, rank: int = 0, world_size: int = 1, model_path: str | None = None) -> None:
+        from transformers import AutoTokenizer
+
+        self.cfg = cfg
+        self.rank, self.world_size = rank, world_size
+        self.device = pick_device(cfg)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        init_distributed(rank, world_size, "nccl" if self.device.type == "cuda" else "gloo")
+        self.model_path = model_path or cfg.policy.path
+        torch.manual_seed(cfg.learner.seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.model = self._load(trainable=True)
+        self.ref_model = self._load(trainable=False) if cfg.algorithm.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay
+        )
+        self.actor_config = verl_actor_config(cfg.algorithm)
+        from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+        get_policy_loss_fn(cfg.algorithm.policy_loss)  # an unknown name fails at start-up
+        self.version = 0
+        """Optimizer steps taken: the version of the weights this learner holds."""
+
+    def _load(self, trainable: bool) -> Any:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        model.config.use_cache = False
+        model.to(self.device)  # type: ignore[arg-type]
+        if trainable and self.cfg.learner.activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        kwargs: dict[str, Any] = {"mesh": mesh}
+        if self.cfg.learner.mixed_precision == "bf16" and self.device.type == "cuda":
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        block_names = set(getattr(model, "_no_split_modules", None) or [])
+        for module in model.modules():
+            if type(module).__name__ in block_names:
+                fully_shard(module, **kwargs)
+        fully_shard(model, **kwargs)
+        if not trainable:
+            model.eval()
+            model.requires_grad_(False)
+        return model
+
+    # ------------------------------------------------------------------ training
+
+    def _forward_logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        return token_logprobs(logits[:, :-1], mb.targets)
+
+    def _global_info(self, batches: list[MicroBatch], real_tokens: int) -> tuple[GlobalBatchInfo, int]:
+        counts = torch.tensor([0, 0, 0, 0, real_tokens], dtype=torch.float64)
+        for mb in batches:
+            pm, sm = mb.policy_mask, mb.supervised_mask
+            counts[:4] += torch.tensor([pm.sum(), (pm.sum(-1) > 0).sum(), sm.sum(), (sm.sum(-1) > 0).sum()],
+                                       dtype=torch.float64)
+        dist.all_reduce(counts)
+        c = [int(x) for x in counts.tolist()]
+        return GlobalBatchInfo(self.world_size, c[0], c[1], c[2], c[3]), c[4]
+
+    def _micro_batches(self, samples: list[Sample]) -> list[MicroBatch]:
+        lc = self.cfg.learner
+        groups = split_micro_batches(samples, lc.micro_batch_size, lc.max_tokens_per_micro_batch)
+        n = torch.tensor([len(groups)])
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        batches = [collate(g, self.pad_id) for g in groups]
+        batches += [dummy_micro_batch(self.pad_id) for _ in range(int(n) - len(groups))]
+        return [b.to(self.device) for b in batches]
+
+    def train_step(self, samples: list[Sample]) -> dict[str, float]:
+        """One optimizer step on this rank's share of a global batch; metrics are global."""
+        t0 = time.perf_counter()
+        algo = self.cfg.algorithm
+        self.model.train()
+        batches = self._micro_batches(samples)
+        info, real_tokens = self._global_info(batches, sum(len(s.token_ids) for s in samples))
+        if info.policy_tokens + info.supervised_tokens == 0:
+            raise ValueError("train_step got a global batch without a single loss token")
+        # sums over micro-batches: losses (already normalised globally), token-weighted verl metrics
+        acc = {"pg_loss": 0.0, "kl": 0.0, "supervised_loss": 0.0, "policy_tokens": 0.0}
+        weighted: dict[str, float] = {}
+        for i, mb in enumerate(batches):
+            self.model.set_requires_gradient_sync(i == len(batches) - 1)
+            logp = self._forward_logprobs(self.model, mb)
+            loss = logp.sum() * 0.0  # keeps every rank's graph connected, even on empty micro-batches
+            pmask = mb.policy_mask
+            if info.policy_tokens:
+                old = logp.detach() * pmask if algo.old_logprobs == "recompute" else mb.old_logprobs
+                pg, metrics = policy_loss(logp, old, mb.advantages, pmask, self.actor_config, info)
+                loss = loss + pg
+                acc["pg_loss"] += float(pg.detach())
+                ntok = float(pmask.sum())
+                acc["policy_tokens"] += ntok
+                for k, v in metrics.items():
+                    weighted[k] = weighted.get(k, 0.0) + v * ntok
+                if self.ref_model is not None:
+                    with torch.no_grad():
+                        ref = self._forward_logprobs(self.ref_model, mb)
+                    kl = kl_loss(logp, ref, pmask, algo.kl_penalty, algo.loss_agg_mode, info)
+                    loss = loss + algo.kl_coef * kl
+                    acc["kl"] += float(kl.detach())
+            if info.supervised_tokens:
+                sft = supervised_loss(logp, mb.supervised_mask, info)
+                loss = loss + algo.supervised_weight * sft
+                acc["supervised_loss"] += float(sft.detach())
+            loss.backward()
+        grad_norm = self._clip_and_step()
+        self.version += 1
+        keys = sorted(weighted)
+        totals = torch.tensor([acc["pg_loss"], acc["kl"], acc["supervised_loss"], acc["policy_tokens"]]
+                              + [weighted[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(totals)
+        t = totals.tolist()
+        # each rank's partial losses were scaled by dp_size (verl's convention): undo for the mean
+        out = {
+            "pg_loss": t[0] / self.world_size,
+            "kl": t[1] / self.world_size,
+            "supervised_loss": t[2] / self.world_size,
+            "grad_norm": grad_norm,
+            "policy_tokens": float(info.policy_tokens),
+            "supervised_tokens": float(info.supervised_tokens),
+            "tokens": float(real_tokens),
+            "learner_step_s": time.perf_counter() - t0,
+            "policy_version": float(self.version),
+        }
+        out["loss"] = out["pg_loss"] + algo.kl_coef * out["kl"] + algo.supervised_weight * out["supervised_loss"]
+        for k, v in zip(keys, t[4:]):
+            out[k] = v / t[3] if t[3] else 0.0
+        out["tokens_per_s"] = real_tokens / out["learner_step_s"]
+        return out
+
+    def _clip_and_step(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        clip = self.cfg.learner.grad_clip or float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        norm_value = float(norm)
+        if not torch.isfinite(norm):
+            raise FloatingPointError(f"gradient norm is {norm_value} at step {self.version + 1}")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm_value
+
+    @torch.no_grad()
+    def logprobs(self, samples: list[Sample]) -> list[list[float]]:
+        """Per-token logprobs under the current weights, in each sample's own frame (entry t is
+        log p(token t); entry 0 is 0.0).  Collective when world_size > 1."""
+        self.model.eval()
+        out: list[list[float]] = []
+        for s in samples:
+            mb = collate([s], self.pad_id).to(self.device)
+            lp = self._forward_logprobs(self.model, mb)[0].cpu().tolist()
+            out.append([0.0] + lp[: len(s.token_ids) - 1])
+        return out
+
+    # ------------------------------------------------------------------ weights and checkpoints
+
+    def full_state_dict(self) -> dict[str, Any]:
+        """Collective: the full (unsharded) weights on rank 0, on the CPU; {} on other ranks."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(
+            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+
+    def save_hf(self, out_dir: str | Path) -> Path | None:
+        """Collective: a Hugging Face model directory written by rank 0 (returned there)."""
+        state = self.full_state_dict()
+        out = None
+        if self.rank == 0:
+            out = Path(out_dir)
+            self.model.save_pretrained(out, state_dict=state)
+            self.tokenizer.save_pretrained(out)
+        dist.barrier()
+        return out
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        """Collective: model and optimizer shards plus RNG states (meta.json is the driver's)."""
+        checkpoint.save_train_state(path, self.model, self.optimizer, self.rank)
+        dist.barrier()
+
+    def load_checkpoint(self, path: str | Path, version: int) -> None:
+        """Collective: restore shards and RNG; ``version`` comes from the checkpoint's meta."""
+        checkpoint.load_train_state(path, self.model, self.optimizer, self.rank)
+        self.version = version
+        dist.barrier()

@@ -1,0 +1,302 @@
+"""Driver loops: collect, label, update, sync, checkpoint — synchronous or asynchronous.
+
+``algorithm.mode=sync``: each step collects ``tasks_per_step`` tasks x ``trials_per_task`` trials
+with the current weights, turns them into samples, puts them in the replay buffer, draws one
+global batch, takes one optimizer step and publishes the new weights to the collector.
+
+``algorithm.mode=async``: a producer thread keeps collecting (and adding to the buffer) while the
+learner trains; the learner draws whatever fresh samples are there.  The replay buffer enforces
+the staleness bound (drop, or throttle the producer under ``replay.stale_policy=wait``).  New
+weights reach the collector between its collections.
+
+Checkpoints (every ``learner.checkpoint_every`` steps) hold the learner's shards, the data cursor
+and the replay cursor; :meth:`TrainLoop.resume` restores them and rewinds the buffer, so a sync
+run resumes exactly.  In async mode, tasks handed to a collection that was still running at the
+checkpoint are not collected again after a resume (skipped, never duplicated).
+
+The loop talks to three parts through small interfaces, in-process or Ray alike:
+a collector (``collect(units)``, ``update_weights(version, weights, checksum)``: the rollout
+group, or :class:`cast_rl.learner.toy.HFCollector`), a learner (:class:`LocalLearner` here, or
+:class:`actors.learner.LearnerGroup`), and a replay buffer (:class:`cast_rl.replay.ReplayBuffer`,
+or a client of :class:`actors.replay_buffer.ReplayBufferActor`).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol
+
+from cast_rl.config.schema import CastConfig
+from cast_rl.inference.weight_sync import state_checksum
+from cast_rl.learner import checkpoint
+from cast_rl.learner.critique_samples import build_samples
+from cast_rl.learner.sample import Sample
+from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.telemetry.metrics import MetricsLogger
+
+logger = logging.getLogger(__name__)
+
+Unit = tuple[str, int, int]
+
+
+class Collector(Protocol):
+    def collect(self, units: list[Unit]) -> list[Trajectory]: ...
+    def update_weights(self, version: int, weights: Any, checksum: str) -> Any: ...
+
+
+class Learner(Protocol):
+    version: int
+
+    def train_step(self, samples: list[Sample]) -> dict[str, float]: ...
+    def publish_weights(self) -> tuple[int, Any, str]: ...
+    def save_checkpoint(self, path: str | Path) -> None: ...
+    def load_checkpoint(self, path: str | Path, version: int) -> None: ...
+
+
+class LocalLearner:
+    """An in-process :class:`~cast_rl.learner.engine.LearnerEngine` behind the learner interface."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def train_step(self, samples: list[Sample]) -> dict[str, float]:
+        return self.engine.train_step(samples)
+
+    def publish_weights(self) -> tuple[int, Any, str]:
+        state = self.engine.full_state_dict()
+        return self.engine.version, state, state_checksum(state)
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        self.engine.save_checkpoint(path)
+
+    def load_checkpoint(self, path: str | Path, version: int) -> None:
+        self.engine.load_checkpoint(path, version)
+
+
+@dataclass
+class TaskCursor:
+    """Tasks in seeded shuffled epochs; ``position`` (tasks handed out so far) is the data cursor."""
+
+    tasks: list[int]
+    split: str
+    seed: int = 0
+    position: int = 0
+
+    def next_units(self, n_tasks: int, trials: int) -> list[Unit]:
+        """``n_tasks`` tasks x ``trials`` trials; trial numbers never repeat for a task."""
+        import random
+
+        units = []
+        for _ in range(n_tasks):
+            epoch, i = divmod(self.position, len(self.tasks))
+            order = list(self.tasks)
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            units += [(self.split, order[i], epoch * trials + j) for j in range(trials)]
+            self.position += 1
+        return units
+
+
+@dataclass
+class LoopState:
+    step: int = 0
+    """Optimizer steps completed."""
+    rounds: int = 0
+    """Collections done (names GRPO groups)."""
+
+
+def tasks_per_step(cfg: CastConfig) -> int:
+    return cfg.algorithm.tasks_per_step or max(1, cfg.learner.global_batch_size // cfg.rollout.trials_per_task)
+
+
+def batch_metrics(batch: list[Sample], learner_version: int) -> dict[str, float]:
+    """Advantage, reward and staleness statistics of a drawn batch (``train/`` names)."""
+    adv = [s.advantage for s in batch if s.is_policy]
+    lag = [learner_version - s.policy_version for s in batch]
+    out = {
+        "train/samples": float(len(batch)),
+        "train/staleness_mean": statistics.fmean(lag) if lag else 0.0,
+        "train/staleness_max": float(max(lag, default=0)),
+        "train/critique_changed_frac": statistics.fmean(s.critique_changed for s in batch) if batch else 0.0,
+    }
+    if adv:
+        out.update({
+            "train/adv_mean": statistics.fmean(adv), "train/adv_std": statistics.pstdev(adv),
+            "train/adv_min": min(adv), "train/adv_max": max(adv),
+            "train/batch_reward_mean": statistics.fmean(s.reward for s in batch if s.is_policy),
+        })
+    return out
+
+
+def collection_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    if not trajs:
+        return {}
+    return {
+        "train/reward_mean": statistics.fmean(t.reward for t in trajs),
+        "train/episodes": float(len(trajs)),
+    }
+
+
+def _newer(version: list[int], than: int, stop: threading.Event) -> bool:
+    return version[0] > than or stop.is_set()
+
+
+class TrainLoop:
+    """Runs ``algorithm.steps`` optimizer steps in sync or async mode (see the module doc)."""
+
+    def __init__(self, cfg: CastConfig, collector: Collector, learner: Learner, buffer: Any,
+                 tasks: list[int], metrics: MetricsLogger | None = None, split: str | None = None) -> None:
+        self.cfg = cfg
+        self.collector = collector
+        self.learner = learner
+        self.buffer = buffer
+        self.metrics = metrics
+        self.cursor = TaskCursor(list(tasks), split or cfg.env.split, seed=cfg.learner.seed)
+        self.state = LoopState()
+        self.history: list[dict[str, float]] = []
+        self._lock = threading.Lock()  # cursor and round counter, shared with the producer thread
+        self._last_collection: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ named steps
+
+    def collect_and_label(self) -> tuple[list[Trajectory], int]:
+        """Collect one round of episodes and add their samples to the buffer."""
+        with self._lock:
+            units = self.cursor.next_units(tasks_per_step(self.cfg), self.cfg.rollout.trials_per_task)
+            round_id = f"r{self.state.rounds}"
+            self.state.rounds += 1
+        trajs = self.collector.collect(units)
+        samples = build_samples(trajs, self.cfg, round_id)
+        added = self.buffer.add(samples)
+        self._last_collection = collection_metrics(trajs)
+        return trajs, added.accepted
+
+    def update(self) -> dict[str, float]:
+        """Draw a global batch and take one optimizer step."""
+        t0 = time.perf_counter()
+        version = self.learner.version
+        batch = self.buffer.sample(self.cfg.learner.global_batch_size, version)
+        wait_s = time.perf_counter() - t0
+        out = batch_metrics(batch, version)
+        out.update({f"train/{k}": v for k, v in self.learner.train_step(batch).items()})
+        self.buffer.set_learner_version(self.learner.version)  # producers see it before the sync
+        out["train/batch_wait_s"] = wait_s
+        return out
+
+    def sync(self) -> dict[str, float]:
+        """Publish the learner's weights to the collector (loud on failure)."""
+        t0 = time.perf_counter()
+        version, weights, checksum = self.learner.publish_weights()
+        self.collector.update_weights(version, weights, checksum)
+        self.buffer.set_learner_version(version)
+        return {"train/sync_s": time.perf_counter() - t0}
+
+    def checkpoint(self) -> Path:
+        path = checkpoint.checkpoint_dir(self.cfg.run_dir, self.state.step)
+        self.learner.save_checkpoint(path)
+        with self._lock:
+            meta = {"step": self.state.step, "rounds": self.state.rounds,
+                    "policy_version": self.learner.version, "data_cursor": self.cursor.position,
+                    "replay_cursor": self.buffer.cursor()}
+        checkpoint.write_meta(path, meta)
+        logger.info("checkpoint at step %d: %s", self.state.step, path)
+        return path
+
+    def resume(self, path: str | Path | None = None) -> bool:
+        """Restore from ``path`` or the latest complete checkpoint; False when there is none."""
+        path = Path(path) if path else checkpoint.latest_checkpoint(self.cfg.run_dir)
+        if path is None:
+            return False
+        meta = checkpoint.read_meta(path)
+        self.learner.load_checkpoint(path, meta["policy_version"])
+        restored = self.buffer.rewind(meta["replay_cursor"])
+        self.cursor.position = meta["data_cursor"]
+        self.state = LoopState(step=meta["step"], rounds=meta["rounds"])
+        self.sync()
+        logger.info("resumed from %s at step %d (%d samples put back in the buffer)", path, self.state.step, restored)
+        return True
+
+    def _finish_step(self, out: dict[str, float], t0: float) -> None:
+        self.state.step += 1
+        out.update(self._last_collection)
+        out.update({f"train/replay_{k}": float(v) for k, v in self.buffer.snapshot().items()})
+        out["train/step_s"] = time.perf_counter() - t0
+        self.history.append(out)
+        if self.metrics is not None:
+            self.metrics.log(out, step=self.state.step)
+        every = self.cfg.learner.checkpoint_every
+        if every and self.state.step % every == 0:
+            self.checkpoint()
+
+    # ------------------------------------------------------------------ loops
+
+    def run(self, steps: int | None = None) -> list[dict[str, float]]:
+        """Train until ``steps`` (default ``algorithm.steps``) optimizer steps are done in total."""
+        total = self.cfg.algorithm.steps if steps is None else steps
+        if self.cfg.algorithm.mode == "sync":
+            self._run_sync(total)
+        else:
+            self._run_async(total)
+        return self.history
+
+    def _run_sync(self, total: int) -> None:
+        while self.state.step < total:
+            t0 = time.perf_counter()
+            self.collect_and_label()
+            out = self.update()
+            out.update(self.sync())
+            self._finish_step(out, t0)
+
+    def _run_async(self, total: int) -> None:
+        stop = threading.Event()
+        failure: list[BaseException] = []
+        n_units = tasks_per_step(self.cfg) * self.cfg.rollout.trials_per_task
+        weights = threading.Condition()
+        collector_version = [self.learner.version]
+
+        def produce() -> None:
+            try:
+                while not stop.is_set():
+                    with weights:
+                        held = collector_version[0]
+                    if self.buffer.admit(held, n_units):
+                        self.collect_and_label()
+                        continue
+                    with weights:  # refused (its weights are too old): wait for newer ones
+                        weights.wait_for(partial(_newer, collector_version, held, stop))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the driver thread
+                failure.append(exc)
+                self.buffer.close(f"producer failed: {exc!r}")
+
+        producer = threading.Thread(target=produce, name="collector", daemon=True)
+        producer.start()
+        try:
+            while self.state.step < total:
+                t0 = time.perf_counter()
+                out = self.update()
+                out.update(self.sync())
+                with weights:
+                    collector_version[0] = self.learner.version
+                    weights.notify_all()
+                self._finish_step(out, t0)
+        except BaseException:
+            if failure:
+                raise failure[0] from None
+            raise
+        finally:
+            stop.set()
+            with weights:
+                weights.notify_all()
+            self.buffer.close("training finished")
+            producer.join()
+        if failure:
+            raise failure[0]

@@ -1,0 +1,75 @@
+"""The learner's unit of data: one token sequence with its loss mask, advantage and provenance.
+
+A :class:`Sample` is what the replay buffer stores (one JSON object per line in its log) and what
+the learner trains on.  Rollout trajectories become samples through
+:mod:`cast_rl.learner.critique_samples`.
+
+Shapes: ``token_ids``, ``loss_mask`` and ``logprobs`` have one entry per token.  ``loss_mask`` is
+1 on tokens that carry loss (tokens the policy generated, or the target tokens of a supervised
+example) and 0 elsewhere; ``logprobs`` holds the behaviour policy's log-probability of each
+policy token (0.0 elsewhere, and 0.0 everywhere for supervised samples).  ``advantage`` is one
+number per sequence: every outcome advantage estimator we allow gives the same value on all of a
+sequence's tokens.
+
+This module does not import torch: the replay buffer and its Ray actor stay light.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SOURCES = ("outcome_groups", "revision", "supervised")
+"""Where a sample came from; ``supervised`` samples take the cross-entropy loss, the rest the
+policy loss."""
+
+
+@dataclass
+class Sample:
+    """One training sequence."""
+
+    key: str
+    """Unique identity; the replay buffer ignores a second add with the same key."""
+    source: str
+    """outcome_groups, revision or supervised (see :data:`SOURCES`)."""
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    advantage: float = 0.0
+    """Per-sequence advantage (policy samples); 0 for supervised samples."""
+    reward: float = 0.0
+    """The reward the advantage was computed from (for metrics)."""
+    policy_version: int = 0
+    """Version of the policy that generated the sequence (the oldest, if weights changed
+    mid-episode); supervised data from files has the version at which it was loaded."""
+    group: str = ""
+    """Advantage group (GRPO: all trials of one task in one collection)."""
+    critique_changed: bool = False
+    """A critique made the policy revise somewhere in this sequence (priority sampling)."""
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"sample source={self.source!r} is not allowed; choose one of {SOURCES}")
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.logprobs) != n:
+            raise ValueError(
+                f"sample {self.key!r}: token_ids has {n} entries, loss_mask "
+                f"{len(self.loss_mask)}, logprobs {len(self.logprobs)}; they must match"
+            )
+
+    @property
+    def is_policy(self) -> bool:
+        """True when the sample takes the policy-gradient loss (not the supervised one)."""
+        return self.source != "supervised"
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Sample:
+        return cls(**obj)

@@ -1,0 +1,321 @@
+"""The replay buffer: rollout workers add samples as episodes finish, the learner draws batches.
+
+Behaviour, all configured by :class:`~cast_rl.config.schema.ReplayBufferConfig`:
+
+* **Idempotent adds.** A sample whose key was ever seen (held, consumed or dropped) is ignored
+  and counted as a duplicate, so a retried ``add`` never duplicates data.
+* **Capacity.** Beyond ``capacity`` the oldest held samples are dropped and counted.
+* **Sampling.** ``fifo`` serves the oldest first; ``priority`` serves samples a critique changed
+  first (oldest first among them), then the rest.
+* **Staleness.** A sample lags the learner by ``learner_version - sample.policy_version``.  At
+  draw time samples lagging more than ``max_staleness`` are dropped and counted (both policies).
+  With ``stale_policy=drop`` that is all; with ``wait`` producers are also throttled, AReaL-style:
+  :meth:`ReplayBuffer.admit` blocks a producer until the samples it is about to generate would be
+  drawn within the bound, given the samples already queued ahead of them and the learner's
+  batch size, so samples are not generated only to be dropped.
+* **Durability.** Every operation is appended to a JSON Lines log (``add`` with the sample,
+  ``consume`` with the keys and a sequence number, ``drop`` with the keys and the reason,
+  ``rewind``).  A new buffer on the same log recovers every accepted sample that was not
+  consumed or dropped, and never re-serves consumed ones.  :meth:`ReplayBuffer.cursor` is the
+  sequence number of the last draw; a learner that resumes from a checkpoint taken at cursor c
+  calls :meth:`ReplayBuffer.rewind` (c), which puts back what later draws took, so the resumed
+  run sees exactly the data the checkpointed run would have seen.
+
+Thread-safe: a Ray actor with ``max_concurrency > 1`` serves concurrent adds and a blocking draw.
+Lines are flushed after each operation (not fsynced: a machine crash may lose the last lines).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from cast_rl.config.schema import ReplayBufferConfig
+from cast_rl.learner.sample import Sample
+
+logger = logging.getLogger(__name__)
+
+
+class BufferClosed(RuntimeError):
+    """The buffer was closed (the run is stopping, or a producer failed) while a caller waited."""
+
+
+@dataclass
+class AddResult:
+    accepted: int = 0
+    duplicates: int = 0
+    dropped_capacity: int = 0
+
+
+@dataclass
+class ReplayStats:
+    """Counters since the log began (recovered with it)."""
+
+    size: int = 0
+    added: int = 0
+    duplicates: int = 0
+    consumed: int = 0
+    dropped_stale: int = 0
+    dropped_capacity: int = 0
+    rewinds: int = 0
+
+
+class ReplayBuffer:
+    """Samples between producers and the learner (see the module doc)."""
+
+    def __init__(self, cfg: ReplayBufferConfig, log_path: str | Path | None = None, batch_size: int = 1) -> None:
+        self.cfg = cfg
+        self.batch_size = batch_size
+        """Samples per learner step; used only to throttle producers under stale_policy=wait."""
+        self.log_path = Path(log_path) if log_path else None
+        self._cond = threading.Condition()
+        self._closed: str | None = None
+        self.learner_version = 0
+        self._last_draw_version = -1
+        self._in_flight = 0
+        """Places reserved by :meth:`admit` and not yet filled by :meth:`add`."""
+        self._recover()
+
+    # ------------------------------------------------------------------ log and recovery
+
+    def _recover(self) -> None:
+        self._items: OrderedDict[str, Sample] = OrderedDict()
+        self._seen: set[str] = set()
+        self._seq = 0
+        self.stats = ReplayStats()
+        if self.log_path is None or not self.log_path.exists():
+            return
+        records = []
+        with self.log_path.open("rb") as f:
+            for lineno, raw in enumerate(f, start=1):
+                try:
+                    records.append(json.loads(raw))
+                except json.JSONDecodeError:
+                    # Only a torn final line (a crash mid-write) is tolerated.
+                    if f.read().strip():
+                        raise ValueError(f"{self.log_path}:{lineno}: corrupt replay log line") from None
+                    logger.warning("%s:%d: ignoring a torn final line", self.log_path, lineno)
+        self._apply(records)
+        logger.info("replay buffer recovered %d samples (cursor %d) from %s",
+                    len(self._items), self._seq, self.log_path)
+
+    def _apply(self, records: list[dict[str, Any]]) -> None:
+        """Rebuild state from log records (also how :meth:`rewind` works)."""
+        data: dict[str, Sample] = {}
+        consumed_at: dict[int, list[str]] = {}
+        s = self.stats
+        for rec in records:
+            op = rec["op"]
+            if op == "add":
+                sample = Sample.from_json(rec["sample"])
+                data[sample.key] = sample
+                self._items[sample.key] = sample
+                self._seen.add(sample.key)
+                s.added += 1
+            elif op == "duplicate":
+                s.duplicates += rec["count"]
+            elif op == "consume":
+                self._seq = rec["seq"]
+                consumed_at[rec["seq"]] = rec["keys"]
+                for k in rec["keys"]:
+                    self._items.pop(k, None)
+                s.consumed += len(rec["keys"])
+            elif op == "drop":
+                for k in rec["keys"]:
+                    self._items.pop(k, None)
+                if rec["reason"] == "stale":
+                    s.dropped_stale += len(rec["keys"])
+                else:
+                    s.dropped_capacity += len(rec["keys"])
+            elif op == "rewind":
+                restored = [data[k] for seq in sorted(consumed_at) if seq > rec["to"] for k in consumed_at[seq]]
+                for seq in [q for q in consumed_at if q > rec["to"]]:
+                    s.consumed -= len(consumed_at.pop(seq))
+                # Put back at the front, in their original order: they were drawn before the rest.
+                self._items = OrderedDict([(x.key, x) for x in restored] + list(self._items.items()))
+                self._seq = rec["to"]
+                s.rewinds += 1
+            else:
+                raise ValueError(f"{self.log_path}: unknown replay log op {op!r}")
+        s.size = len(self._items)
+
+    def _log(self, record: dict[str, Any]) -> None:
+        if self.log_path is None:
+            return
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("a") as f:
+            f.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    # ------------------------------------------------------------------ producers
+
+    def add(self, samples: list[Sample]) -> AddResult:
+        """Accept new samples (ignoring keys already seen); drops the oldest beyond capacity."""
+        result = AddResult()
+        with self._cond:
+            for sample in samples:
+                if sample.key in self._seen:
+                    result.duplicates += 1
+                    continue
+                self._log({"op": "add", "sample": sample.to_json()})
+                self._seen.add(sample.key)
+                self._items[sample.key] = sample
+                result.accepted += 1
+            self._in_flight = max(0, self._in_flight - len(samples))
+            if result.duplicates:
+                self._log({"op": "duplicate", "count": result.duplicates})
+            overflow = len(self._items) - self.cfg.capacity
+            if overflow > 0:
+                keys = list(self._items)[:overflow]
+                self._drop(keys, "capacity")
+                result.dropped_capacity = overflow
+            self.stats.added += result.accepted
+            self.stats.duplicates += result.duplicates
+            self.stats.size = len(self._items)
+            self._cond.notify_all()
+        return result
+
+    def admit(self, policy_version: int, n: int, timeout_s: float | None = None) -> bool:
+        """May a producer holding weights ``policy_version`` generate ``n`` more samples now?
+
+        Always True under ``stale_policy=drop``.  Under ``wait`` it blocks until those samples
+        would be drawn within ``max_staleness``: draws take ``batch_size`` samples in queue order,
+        and the admitted samples queue behind every held fresh sample and every sample admitted
+        earlier but not yet added.  Admission reserves ``n`` places until the producer's ``add``.
+        False on timeout, on close, or at once when the producer's weights are already too old
+        (it must take new weights first).
+        """
+        if self.cfg.stale_policy == "drop":
+            return True
+        timeout = self.cfg.wait_timeout_s if timeout_s is None else timeout_s
+
+        def too_old() -> bool:
+            return self.learner_version - policy_version > self.cfg.max_staleness
+
+        def ok() -> bool:
+            if self._closed or too_old():
+                return True
+            return self._draw_version(self._fresh() + self._in_flight + n) - policy_version <= self.cfg.max_staleness
+
+        with self._cond:
+            if not self._cond.wait_for(ok, timeout) or self._closed or too_old():
+                return False
+            self._in_flight += n
+            return True
+
+    def _fresh(self) -> int:
+        bound = self.learner_version - self.cfg.max_staleness
+        return sum(s.policy_version >= bound for s in self._items.values())
+
+    def _draw_version(self, position: int) -> int:
+        """Learner version at which the sample at queue position ``position`` (1-based) is drawn."""
+        # The learner is training on its last draw when that draw happened at the current version.
+        next_draw = self.learner_version + (1 if self._last_draw_version >= self.learner_version else 0)
+        return next_draw + -(-position // self.batch_size) - 1
+
+    # ------------------------------------------------------------------ the learner
+
+    def set_learner_version(self, version: int) -> None:
+        with self._cond:
+            self.learner_version = max(self.learner_version, version)
+            self._cond.notify_all()
+
+    def _drop(self, keys: list[str], reason: str) -> None:
+        if not keys:
+            return
+        for k in keys:
+            del self._items[k]
+        self._log({"op": "drop", "reason": reason, "keys": keys})
+        self._cond.notify_all()  # room for producers waiting for admission
+        if reason == "stale":
+            self.stats.dropped_stale += len(keys)
+        else:
+            self.stats.dropped_capacity += len(keys)
+        logger.info("replay buffer dropped %d %s samples", len(keys), reason)
+
+    def _drop_stale(self) -> None:
+        bound = self.learner_version - self.cfg.max_staleness
+        self._drop([k for k, s in self._items.items() if s.policy_version < bound], "stale")
+
+    def _order(self) -> list[str]:
+        if self.cfg.sampling == "priority":
+            first = [k for k, s in self._items.items() if s.critique_changed]
+            return first + [k for k, s in self._items.items() if not s.critique_changed]
+        return list(self._items)
+
+    def try_sample(self, n: int, learner_version: int | None = None) -> list[Sample] | None:
+        """``n`` samples (dropping stale ones first), or None when fewer are held."""
+        with self._cond:
+            if learner_version is not None:
+                self.learner_version = max(self.learner_version, learner_version)
+            self._drop_stale()
+            self.stats.size = len(self._items)
+            if len(self._items) < n:
+                return None
+            keys = self._order()[:n]
+            batch = [self._items.pop(k) for k in keys]
+            self._last_draw_version = self.learner_version
+            self._seq += 1
+            self._log({"op": "consume", "seq": self._seq, "keys": keys, "learner_version": self.learner_version})
+            self.stats.consumed += n
+            self.stats.size = len(self._items)
+            self._cond.notify_all()  # producers waiting for admission
+            return batch
+
+    def sample(self, n: int, learner_version: int | None = None, timeout_s: float | None = None) -> list[Sample]:
+        """Block until ``n`` fresh samples are held, then draw them (TimeoutError otherwise)."""
+        timeout = self.cfg.wait_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise BufferClosed(self._closed)
+                batch = self.try_sample(n, learner_version)
+                if batch is not None:
+                    return batch
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"replay buffer held {len(self._items)} fresh samples, "
+                                       f"needed {n}, for {timeout:.0f} s")
+                self._cond.wait(remaining)
+
+    def cursor(self) -> int:
+        """Sequence number of the last draw (store it in a checkpoint)."""
+        with self._cond:
+            return self._seq
+
+    def rewind(self, cursor: int) -> int:
+        """Undo draws after ``cursor`` (a learner resumed from an older checkpoint); returns how
+        many samples were put back."""
+        with self._cond:
+            if cursor > self._seq:
+                raise ValueError(f"cannot rewind the replay buffer to {cursor}: its cursor is {self._seq}")
+            if cursor == self._seq:
+                return 0
+            if self.log_path is None:
+                raise ValueError("rewinding needs the replay log (replay.log_dir)")
+            before = len(self._items)
+            self._log({"op": "rewind", "to": cursor})
+            self._recover()
+            self._cond.notify_all()
+            return len(self._items) - before
+
+    def close(self, reason: str = "replay buffer closed") -> None:
+        """Wake every waiter; later draws raise :class:`BufferClosed`."""
+        with self._cond:
+            self._closed = reason
+            self._cond.notify_all()
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters for ``train/replay_*`` metrics."""
+        with self._cond:
+            self.stats.size = len(self._items)
+            return {**asdict(self.stats), "cursor": self._seq, "learner_version": self.learner_version}
+
+    def __len__(self) -> int:
+        return len(self._items)

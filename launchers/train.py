@@ -1,0 +1,114 @@
+"""Train the policy with the full Ray stack: rollout workers, replay buffer, FSDP learner group.
+
+    python -m launchers.train configs/quickstart.yaml algorithm.steps=20
+    python -m launchers.train configs/quickstart.yaml --collector toy   # first-token toy task
+
+Parses the config, starts or joins Ray (``cluster.address``), builds the learner group
+(``learner.num_workers`` FSDP ranks), the replay-buffer actor (log under ``replay.log_dir``) and
+the collector — the rollout group (``--collector rollout``, the real environments) or a
+transformers sampler on :class:`cast_rl.learner.toy.FirstTokenTask` (``--collector toy``) —
+resumes from the latest checkpoint under ``run_dir`` if there is one, and runs
+:class:`cast_rl.learner.loop.TrainLoop` in ``algorithm.mode``.  The final policy is written as a
+Hugging Face directory to ``<run_dir>/policy-final``; the last stdout line is a JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from cast_rl.config import load_config, to_dict
+from cast_rl.config.schema import CastConfig
+from cast_rl.rollout.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+class HFCollectorClient:
+    """A :class:`cast_rl.learner.toy.HFCollector` in a Ray actor, behind the collector interface."""
+
+    def __init__(self, model_path: str, seed: int = 0, max_new_tokens: int = 2, num_cpus: float = 0.5) -> None:
+        from cast_rl.learner.toy import HFCollector
+
+        actor: Any = ray.remote(HFCollector)
+        self.handle = actor.options(num_cpus=num_cpus).remote(
+            model_path, max_new_tokens=max_new_tokens, seed=seed
+        )
+
+    def collect(self, units: list[tuple[str, int, int]]) -> list[Trajectory]:
+        return ray.get(self.handle.collect.remote(units))
+
+    def update_weights(self, version: int, weights: Any, checksum: str) -> int:
+        # An ObjectRef passed at top level is resolved by Ray: the actor reads the one stored copy.
+        return ray.get(self.handle.update_weights.remote(version, weights, checksum))
+
+
+def build_collector(cfg: CastConfig, kind: str) -> tuple[Any, list[int], str]:
+    """(collector, task indices, split) for ``--collector``."""
+    if kind == "toy":
+        from cast_rl.models.setup import ensure_model
+
+        ensure_model(cfg.policy)
+        return HFCollectorClient(cfg.policy.path, seed=cfg.seed), list(range(16)), "toy"
+    from cast_rl.envs.setup import load_env_data
+    from cast_rl.models.setup import ensure_policy_model
+    from cast_rl.rollout.group import RolloutGroup
+
+    data = load_env_data(cfg)
+    ensure_policy_model(cfg, data)
+    tasks = list(cfg.env.task_indices or range(len(data.tasks(cfg.env.split))))
+    return RolloutGroup(cfg), tasks, cfg.env.split
+
+
+def run_training(cfg: CastConfig, collector_kind: str = "rollout", resume: bool = True) -> dict[str, Any]:
+    from actors.learner import LearnerGroup
+    from actors.replay_buffer import ReplayBufferClient
+    from cast_rl.learner.loop import TrainLoop
+    from cast_rl.learner.supervisor import MonotoneCollector, Supervisor
+    from cast_rl.telemetry import MetricsLogger
+    from launchers.cluster import init_ray
+
+    init_ray(cfg, parts=("rollout", "learner", "critic") if collector_kind == "rollout" else ("learner",))
+    collector, tasks, split = build_collector(cfg, collector_kind)
+    collector = MonotoneCollector(collector)  # versions reach rollout workers in order, once
+    learner = LearnerGroup(cfg)
+    log_dir = Path(cfg.replay.log_dir or Path(cfg.run_dir) / "replay")
+    buffer = ReplayBufferClient(cfg.replay, log_dir / "log.jsonl", cfg.learner.global_batch_size,
+                                max_restarts=cfg.learner.max_restarts)  # recovers from its log
+    with MetricsLogger(cfg.logging, cfg.run_dir, config=to_dict(cfg), job_type="train") as metrics:
+        loop = TrainLoop(cfg, collector, learner, buffer, tasks, metrics=metrics, split=split)
+        if resume:
+            loop.resume()
+        # a dead learner worker: rebuild the group, resume from the latest checkpoint, go on
+        history = Supervisor(loop, lambda: LearnerGroup(cfg), cfg.learner.max_restarts).run()
+    final = loop.learner.save_hf(Path(cfg.run_dir) / "policy-final")
+    return {
+        "steps": loop.state.step,
+        "policy_version": loop.learner.version,
+        "reward_per_step": [round(h.get("train/reward_mean", float("nan")), 4) for h in history],
+        "policy": str(final),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", nargs="?")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    parser.add_argument("--collector", choices=("rollout", "toy"), default="rollout")
+    parser.add_argument("--no-resume", action="store_true", help="ignore checkpoints under run_dir")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    summary = run_training(cfg, args.collector, resume=not args.no_resume)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
