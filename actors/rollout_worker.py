@@ -51,3 +51,6 @@ class RolloutWorkerActor:
 
     def metrics(self) -> dict[str, float]:
         return self.worker.metrics()
+
+    async def close(self) -> None:
+        await self.worker.close()

@@ -54,9 +54,11 @@ def domain_configs(cfg: CastConfig) -> list[CastConfig]:
     return [replace(cfg, env=replace(cfg.env, domain=d, data_dir=str(root / d))) for d in cfg.eval.domains]
 
 
-def run_eval(cfg: CastConfig, out_dir: str | Path) -> dict[str, Any]:
+def run_eval(cfg: CastConfig, out_dir: str | Path, group: Any = None) -> dict[str, Any]:
     """Collect every configuration, write trajectories, report, summary and plots; log metrics.
 
+    ``group``: a running :class:`RolloutGroup` to use for a single-domain evaluation (the
+    pipeline passes its own, serving the current policy weights); it is left running.
     Returns the JSON report (:mod:`cast_rl.eval.report`).
     """
     from cast_rl.envs.setup import load_env_data
@@ -80,12 +82,15 @@ def run_eval(cfg: CastConfig, out_dir: str | Path) -> dict[str, Any]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("")
     data_by_domain: dict[str, Any] = {}
+    if group is not None and len(domain_configs(cfg)) > 1:
+        raise ValueError("run_eval(group=...) serves one domain; leave eval.domains empty or pass no group")
     for domain_cfg in domain_configs(cfg):
         data = load_env_data(domain_cfg)
         data_by_domain[domain_cfg.env.domain] = data
-        ensure_policy_model(domain_cfg, data)
-        init_ray(domain_cfg)
-        _collect_domain(domain_cfg, data, n, runs, paths)
+        if group is None:
+            ensure_policy_model(domain_cfg, data)
+            init_ray(domain_cfg, parts=("rollout", "critic") if max(budgets) else ("rollout",))
+        _collect_domain(domain_cfg, data, n, runs, paths, group)
     report = build_report(list(runs.values()), cfg.eval.k_values or None, labeller_judge(data_by_domain))
     written = write_report(report, out_dir)
     with MetricsLogger(cfg.logging, cfg.run_dir, config=to_dict(cfg), job_type="eval") as log:
@@ -95,8 +100,10 @@ def run_eval(cfg: CastConfig, out_dir: str | Path) -> dict[str, Any]:
     return report
 
 
-def _collect_domain(cfg: CastConfig, data: Any, n: int, runs: dict[int, EvalRun], paths: dict[int, Path]) -> None:
-    """Run every configuration on one domain through one rollout group."""
+def _collect_domain(
+    cfg: CastConfig, data: Any, n: int, runs: dict[int, EvalRun], paths: dict[int, Path], group: Any = None
+) -> None:
+    """Run every configuration on one domain through one rollout group (``group`` if given)."""
     from tqdm import tqdm
 
     from cast_rl.envs.setup import episode_units
@@ -104,7 +111,8 @@ def _collect_domain(cfg: CastConfig, data: Any, n: int, runs: dict[int, EvalRun]
 
     splits = cfg.eval.splits or [cfg.env.split]
     units = [u for s in splits for u in episode_units(replace(cfg, env=replace(cfg.env, split=s)), data, trials=n)]
-    group = RolloutGroup(cfg)
+    owned = group is None
+    group = group or RolloutGroup(cfg)
     try:
         for budget, run in runs.items():
             group.set_verification_budget(budget)
@@ -119,7 +127,8 @@ def _collect_domain(cfg: CastConfig, data: Any, n: int, runs: dict[int, EvalRun]
             # a restarted worker's counters start again from zero: then this undercounts
             run.critiques = (run.critiques or 0) + max(0, int(group.metrics().get("rollout/critiques", 0) - before))
     finally:
-        group.shutdown()
+        if owned:
+            group.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,9 @@ import sys
 
 from cast_rl.config import ConfigError
 
-_COMMAND_MODULES = ("config", "model", "env", "rollout", "metrics", "eval", "label", "critic")
+_COMMAND_MODULES = (
+    "config", "model", "env", "rollout", "label", "critic", "eval", "metrics", "pipeline",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -161,12 +161,19 @@ class CriticConfig:
     """Critic service actors."""
     max_retries: int = 3
     """Retries of a critique request after a service failure."""
+    service: bool = False
+    """Serve backend=rule from the critic-service actors too (backend=model always uses them);
+    False checks rules in-process in each rollout worker."""
+    timeout_s: float = 60.0
+    """A critique request to a service actor taking longer is retried on the next actor (it
+    counts against max_retries)."""
 
     def __post_init__(self) -> None:
         _check_choice("critic.backend", self.backend, ("rule", "model"))
         _check_positive("critic.verification_budget", self.verification_budget, allow_zero=True)
         _check_positive("critic.num_replicas", self.num_replicas)
         _check_positive("critic.max_retries", self.max_retries, allow_zero=True)
+        _check_positive("critic.timeout_s", self.timeout_s)
 
 
 @dataclass(frozen=True)
@@ -255,11 +262,15 @@ class LearnerConfig:
     max_tokens_per_micro_batch: int = 0
     """Also split a micro-batch when its padded size (sequences x longest) would exceed this
     many tokens (0: micro_batch_size alone decides)."""
+    max_restarts: int = 3
+    """Times a training run rebuilds the learner group and resumes from the latest checkpoint
+    after a learner worker (or another actor it waits on) dies; 0 lets the failure end the run."""
 
     def __post_init__(self) -> None:
         _check_positive("learner.num_workers", self.num_workers)
         _check_positive("learner.num_cpus_per_worker", self.num_cpus_per_worker, allow_zero=True)
         _check_positive("learner.max_tokens_per_micro_batch", self.max_tokens_per_micro_batch, allow_zero=True)
+        _check_positive("learner.max_restarts", self.max_restarts, allow_zero=True)
         if not self.master_addr:
             raise ValueError("learner.master_addr='' is not allowed; give an address or auto")
         _check_positive("learner.lr", self.lr)
@@ -283,6 +294,8 @@ OUTCOME_ADV_ESTIMATORS = (
     "reinforce_plus_plus_baseline", "opo", "gpg",
 )
 """verl estimators that need only an outcome reward per sequence (no value model)."""
+KL_PENALTIES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+"""verl's ``kl_penalty`` estimators (a trailing ``+`` adds the straight-through k2 gradient)."""
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
 """verl's ``agg_loss`` modes."""
 
@@ -335,6 +348,7 @@ class AlgorithmConfig:
         _check_choice("algorithm.adv_estimator", self.adv_estimator, OUTCOME_ADV_ESTIMATORS)
         _check_choice("algorithm.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
         _check_choice("algorithm.old_logprobs", self.old_logprobs, ("recompute", "rollout"))
+        _check_choice("algorithm.kl_penalty", self.kl_penalty.removesuffix("+"), KL_PENALTIES)
         _check_positive("algorithm.clip_ratio", self.clip_ratio)
         _check_positive("algorithm.clip_ratio_low", self.clip_ratio_low, allow_zero=True)
         _check_positive("algorithm.clip_ratio_high", self.clip_ratio_high, allow_zero=True)
@@ -427,6 +441,54 @@ class EvalConfig:
             raise ValueError("eval.data_root='' is not allowed with eval.domains; give the directory holding <domain>/ data")
 
 
+PIPELINE_STAGES = (
+    "warmstart", "eval_before", "collect", "label", "critic_data", "train_critic",
+    "collect_with_critic", "optimise", "eval_after",
+)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """The CAST pipeline (``cast-rl pipeline``): which stages run and how long each trains."""
+
+    stages: list[str] = field(default_factory=lambda: list(PIPELINE_STAGES))
+    """Stages to run, in pipeline order; a stage whose outputs exist is skipped."""
+    warmstart_epochs: int = 0
+    """Supervised epochs on expert demonstrations of env.train_split before anything else
+    (the embedded default's tiny policy needs them; 0 skips the warm-start)."""
+    train_split: str = "train"
+    """Split the pipeline collects and trains on (env.split is the evaluation split)."""
+    collect_trials: int = 2
+    """Trials per training task in the collect stages."""
+    train_tasks: int = 0
+    """Training tasks the collect and optimise stages use: the first N of train_split (0: all);
+    the warm-start always uses every task of the split."""
+    critic_train_steps: int = 0
+    """Supervised steps of the critic model on the critic dataset (0 skips critic training;
+    the rule-based critic then serves the loop unless critic.backend=model)."""
+    collect_budget: int = 1
+    """Verification budget of the collect_with_critic stage."""
+    sft_steps: int = 0
+    """Supervised steps on successful critique-corrected trajectories (the paper's recipe) in
+    the optimise stage, when algorithm.samples includes supervised."""
+    warmstart_lr: float = 1e-3
+    """Learning rate of the warm-start (a tiny random model needs a large one)."""
+    critic_lr: float = 1e-4
+    """Learning rate of critic training."""
+
+    def __post_init__(self) -> None:
+        for stage in self.stages:
+            _check_choice("pipeline.stages[]", stage, PIPELINE_STAGES)
+        _check_positive("pipeline.warmstart_epochs", self.warmstart_epochs, allow_zero=True)
+        _check_positive("pipeline.collect_trials", self.collect_trials)
+        _check_positive("pipeline.train_tasks", self.train_tasks, allow_zero=True)
+        _check_positive("pipeline.critic_train_steps", self.critic_train_steps, allow_zero=True)
+        _check_positive("pipeline.collect_budget", self.collect_budget)
+        _check_positive("pipeline.sft_steps", self.sft_steps, allow_zero=True)
+        _check_positive("pipeline.warmstart_lr", self.warmstart_lr)
+        _check_positive("pipeline.critic_lr", self.critic_lr)
+
+
 @dataclass(frozen=True)
 class CastConfig:
     """The whole run."""
@@ -457,6 +519,8 @@ class CastConfig:
     """Metrics logging."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     """Ray cluster."""
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    """The CAST pipeline's stages."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Evaluation (pass^k, critic budget sweep)."""
 

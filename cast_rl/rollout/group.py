@@ -125,5 +125,12 @@ class RolloutGroup:
         return merged
 
     def shutdown(self) -> None:
+        """Close every engine, then end the actors (a dead worker is just ended)."""
+        closing = [w.close.remote() for w in self.workers]
+        for ref in closing:
+            try:
+                ray.get(ref, timeout=60)
+            except Exception as exc:  # a crashed or hung worker: it is killed below anyway
+                logger.warning("rollout worker did not close cleanly: %s", exc)
         for w in self.workers:
             ray.kill(w)

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from cast_rl.config.schema import CastConfig
@@ -77,6 +78,8 @@ class RolloutWorker:
         self.worker_index = worker_index
         self.engine = PausableEngine(engine)
         self.version = 0
+        self.checksum: str | None = None
+        """Checksum of the learner state last loaded (None: the weights the engine started with)."""
         self.runner = EpisodeRunner(cfg, data, self.engine, verifier, policy_version=lambda: self.version)
         self._busy_s = 0.0
 
@@ -96,6 +99,9 @@ class RolloutWorker:
         got = state_checksum(state)
         if got != checksum:
             raise WeightSyncError(f"weights version {version} failed its checksum ({got[:12]} != {checksum[:12]})")
+        if checksum == self.checksum:  # the learner's weights did not move: nothing to load
+            self.version = version
+            return version
         before = await self._probe()
         self.engine.pause()
         try:
@@ -103,12 +109,29 @@ class RolloutWorker:
             await self.engine.engine.load_weights(state)  # type: ignore[attr-defined]
         finally:
             self.engine.resume()
-        after = await self._probe()
-        if after == before:
+        # Unchanged generation is only right when the weights equal those already served (a
+        # first update after steps that moved nothing); otherwise the load did not take effect.
+        if await self._probe() == before and not (self.checksum is None and self._same_as_initial(state)):
             raise WeightSyncError(f"weights version {version} loaded but generation did not change")
+        self.checksum = checksum
         self.version = version
         logger.info("worker %d now serves policy version %d", self.worker_index, version)
         return version
+
+    def _same_as_initial(self, state: dict[str, Any]) -> bool:
+        """Whether ``state`` equals the weights on disk the engine started from."""
+        import torch
+        from safetensors import safe_open
+
+        files = sorted(Path(self.engine.engine.model_path).glob("*.safetensors"))  # type: ignore[attr-defined]
+        seen = 0
+        for path in files:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    if name in state and not torch.equal(f.get_tensor(name), state[name].to("cpu")):
+                        return False
+                    seen += name in state
+        return seen > 0
 
     async def _probe(self) -> list[float]:
         """Greedy logprobs of a fixed prompt: they move whenever the served weights move."""
@@ -131,6 +154,10 @@ class RolloutWorker:
             self.runner.verifier = build_verifier(self.cfg)
         self.runner.cfg = self.cfg
         self.runner.budget = budget
+
+    async def close(self) -> None:
+        """Shut the engine down cleanly (its processes and shared memory) before the actor goes."""
+        await self.engine.engine.close()  # type: ignore[attr-defined]
 
     def pause(self) -> None:
         self.engine.pause()

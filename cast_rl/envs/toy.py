@@ -1,0 +1,38 @@
+"""A small learnable retail task for learning tests: say a target string in the first reply.
+
+Every task has no gold actions and one required output, so under the source reward rule an
+episode earns 1 exactly when the agent's messages contain the target (case-insensitive) and the
+database is unchanged; the scripted user stops at the first reply of a task without writes.
+With ``env.max_steps=1`` the reward is therefore "the first turn is a message containing the
+target".  The database, policy and tool schemas are the generated retail ones, so the episodes
+run through the real environment, user simulator, rollout workers and reward.
+
+    python -c "from cast_rl.envs.toy import write_say_target; write_say_target('runs/toy', 'q')"
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cast_rl.envs.generate import write_retail
+from cast_rl.envs.types import Task
+
+
+def write_say_target(out: str | Path, target: str, num_tasks: int = 16, seed: int = 0) -> Path:
+    """A retail data directory whose ``tasks_train.json`` asks for ``target`` in the first reply."""
+    out = Path(out)
+    write_retail(out, seed=seed, num_tasks=max(num_tasks, 8))
+    users = sorted(json.loads((out / "db" / "users.json").read_text()))
+    tasks = [
+        Task(
+            user_id=users[i % len(users)],
+            instruction=f"You want the agent's first reply to contain {target!r}.",
+            actions=(),
+            outputs=(target,),
+            annotator="toy",
+        ).to_json()
+        for i in range(num_tasks)
+    ]
+    (out / "tasks_train.json").write_text(json.dumps(tasks, indent=2))
+    return out

@@ -1,0 +1,1 @@
+"""The CAST pipeline: stages from trajectories to a critique-trained policy, resumable by stage."""

@@ -1,0 +1,280 @@
+"""The CAST stages, in order; each reads earlier stages' outputs and writes its own.
+
+    warmstart            expert demonstrations of the train split -> supervised epochs
+    eval_before          pass^k of the starting policy, without and with the critic
+    collect              several trials per training task
+    label                action-level labels, error types and rationales
+    critic_data          balanced Parquet critic dataset + held-out split
+    train_critic         supervised critic training (when pipeline.critic_train_steps > 0)
+    collect_with_critic  trials with the critic in the loop (pipeline.collect_budget)
+    optimise             supervised fine-tuning on critique-corrected successes and/or GRPO
+    eval_after           pass^k of the trained policy, without and with the critic
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cast_rl.config import to_dict
+from cast_rl.learner.sample import Sample
+from cast_rl.pipeline.context import PipelineContext
+from cast_rl.rollout.trajectory import Trajectory, read_trajectories, write_trajectories
+from cast_rl.telemetry import MetricsLogger
+
+logger = logging.getLogger(__name__)
+
+
+def _metrics(ctx: PipelineContext, stage: str) -> MetricsLogger:
+    cfg = ctx.with_policy()
+    log_cfg = dataclasses.replace(cfg.logging, run_name=f"{ctx.group_name}-{stage}")
+    return MetricsLogger(log_cfg, ctx.root, config=to_dict(cfg), job_type=stage)
+
+
+def _supervised(trajs: list[Trajectory], tag: str) -> list[Sample]:
+    return [
+        Sample(key=f"{tag}/{t.split}/{t.task_index}/{t.trial}", source="supervised",
+               token_ids=list(t.token_ids), loss_mask=list(t.loss_mask),
+               logprobs=[0.0] * len(t.token_ids), reward=t.reward, group=tag)
+        for t in trajs if any(t.loss_mask)
+    ]
+
+
+def train_supervised(
+    learner: Any, samples: list[Sample], steps: int, batch_size: int, log: MetricsLogger, tag: str, seed: int
+) -> list[float]:
+    """``steps`` optimizer steps over shuffled passes of ``samples``; returns the losses."""
+    if not samples:
+        raise ValueError(f"{tag}: no supervised samples to train on")
+    rng, order, losses = random.Random(seed), [], []
+    for step in range(steps):
+        if len(order) < batch_size:
+            order += rng.sample(samples, len(samples))
+        batch, order = order[:batch_size], order[batch_size:]
+        out = learner.train_step(batch)
+        losses.append(out["supervised_loss"])
+        log.log({f"train/{tag}_loss": out["supervised_loss"], f"train/{tag}_grad_norm": out["grad_norm"],
+                 f"train/{tag}_tokens_per_s": out["tokens_per_s"]}, step=step)
+    return losses
+
+
+def _learner(ctx: PipelineContext, lr: float, model_path: Path | None = None) -> Any:
+    from actors.learner import LearnerGroup
+
+    cfg = ctx.with_policy()
+    policy = dataclasses.replace(cfg.policy, path=str(model_path or ctx.policy_path))
+    return LearnerGroup(dataclasses.replace(cfg, policy=policy, learner=dataclasses.replace(cfg.learner, lr=lr)))
+
+
+def _collect(ctx: PipelineContext, out: Path, budget: int) -> list[Trajectory]:
+    from tqdm import tqdm
+
+    from cast_rl.envs.setup import episode_units
+
+    cfg = ctx.train_cfg()
+    units = episode_units(cfg, ctx.data, trials=cfg.pipeline.collect_trials)
+    group = ctx.rollout_group()
+    group.set_verification_budget(budget)
+    path = out / "trajectories.jsonl"
+    path.write_text("")
+    with tqdm(total=len(units), desc=f"collect (budget {budget})", unit="episode") as bar:
+
+        def on_done(traj: Trajectory) -> None:
+            write_trajectories(path, [traj], append=True)
+            bar.update(1)
+
+        trajs = group.collect(units, on_done=on_done)
+    write_trajectories(path, trajs)  # in unit order, complete
+    return trajs
+
+
+def _rollout_summary(trajs: list[Trajectory]) -> dict[str, Any]:
+    n = max(len(trajs), 1)
+    rounds = [r for t in trajs for r in t.verification_rounds]
+    return {
+        "episodes": len(trajs),
+        "reward_mean": sum(t.reward for t in trajs) / n,
+        "critique_rounds": len(rounds),
+        "episodes_with_critique": sum(1 for t in trajs if t.verification_rounds),
+        "policy_tokens": sum(t.info.get("policy_tokens", 0) for t in trajs),
+    }
+
+
+# ---------------------------------------------------------------- stages
+
+
+def warmstart(ctx: PipelineContext, out: Path) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    from cast_rl.rollout.demonstrations import collect_demonstrations
+
+    cfg = ctx.train_cfg()
+    if cfg.pipeline.warmstart_epochs == 0:
+        return {"skipped": "pipeline.warmstart_epochs=0"}
+    tok = AutoTokenizer.from_pretrained(ctx.policy_path)
+    demos = collect_demonstrations(cfg, ctx.data, tok, cfg.pipeline.train_split)
+    write_trajectories(out / "demonstrations.jsonl", demos)
+    samples = _supervised(demos, "warmstart")
+    batch = cfg.learner.global_batch_size
+    steps = max(1, cfg.pipeline.warmstart_epochs * len(samples) // batch)
+    learner = _learner(ctx, cfg.pipeline.warmstart_lr)
+    try:
+        with _metrics(ctx, "warmstart") as log:
+            losses = train_supervised(learner, samples, steps, batch, log, "warmstart", cfg.learner.seed)
+        model = learner.save_hf(out / "model")
+    finally:
+        learner.shutdown()
+    ctx.policy_moved(model)
+    return {"demonstrations": len(demos), "steps": steps, "loss_first": losses[0], "loss_last": losses[-1],
+            "model": str(model)}
+
+
+def _evaluate(ctx: PipelineContext, out: Path, stage: str) -> dict[str, Any]:
+    from launchers.eval import run_eval
+
+    cfg = ctx.with_policy()
+    cfg = dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, run_name=f"{ctx.group_name}-{stage}"))
+    report = run_eval(cfg, out, group=ctx.rollout_group())
+    return {
+        "report": str(out / "report.json"),
+        "policy": str(ctx.policy_path),
+        "pass^k": {c["label"]: {g: v["pass^k"] for g, v in c["groups"].items()} for c in report["configurations"]},
+    }
+
+
+def eval_before(ctx: PipelineContext, out: Path) -> dict[str, Any]:
+    return _evaluate(ctx, out, "eval_before")
+
+
+def eval_after(ctx: PipelineContext, out: Path) -> dict[str, Any]:
+    return _evaluate(ctx, out, "eval_after")
+
+
+def collect(ctx: PipelineContext, out: Path) -> dict[str, Any]:
+    trajs = _collect(ctx, out, budget=0)
+    with _metrics(ctx, "collect") as log:
+        log.log({"rollout/reward_mean": _rollout_summary(trajs)["reward_mean"]})
+    return _rollout_summary(trajs)
+
+
+def label(ctx: PipelineContext, out: Path) -> dict[str, Any]:
+    from cast_rl.critique.labeller import label_file
+
+    source = ctx.stage_dir("collect") / "trajectories.jsonl"
+    labels, _, labeller = label_file(ctx.data, source, out / "labels.jsonl")
+    metrics = labeller.stats.metrics()
+    with _metrics(ctx, "label") as log:
+        log.log(metrics)
+    return {"actions": len(labels), **{k.removeprefix("label/"): v for k, v in metrics.items()}}
+
+
+def critic_data(ctx: PipelineContext, out: Path) -> dict[str, Any]:
+    from cast_rl.critique.datasets import build_critic_data
+
+    return build_critic_data(
+        ctx.stage_dir("label") / "labels.jsonl", ctx.stage_dir("collect") / "trajectories.jsonl",
+        out, seed=ctx.cfg.seed,
+    )
+
+
+def train_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    from cast_rl.learner.critique_samples import supervised_from_parquet
+    from cast_rl.models.setup import ensure_model
+
+    cfg = ctx.cfg
+    if cfg.pipeline.critic_train_steps == 0:
+        return {"skipped": "pipeline.critic_train_steps=0", "critic": cfg.critic.backend}
+    base = ensure_model(cfg.critic.model, [ctx.data.data_dir])
+    samples = supervised_from_parquet(ctx.stage_dir("critic_data") / "train.parquet", AutoTokenizer.from_pretrained(base))
+    learner = _learner(ctx, cfg.pipeline.critic_lr, model_path=base)
+    try:
+        with _metrics(ctx, "train_critic") as log:
+            losses = train_supervised(learner, samples, cfg.pipeline.critic_train_steps,
+                                      cfg.learner.global_batch_size, log, "critic", cfg.learner.seed)
+        model = learner.save_hf(out / "model")
+    finally:
+        learner.shutdown()
+    return {"examples": len(samples), "loss_first": losses[0], "loss_last": losses[-1], "model": str(model)}
+
+
+def collect_with_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
+    trajs = _collect(ctx, out, budget=ctx.cfg.pipeline.collect_budget)
+    summary = _rollout_summary(trajs)
+    with _metrics(ctx, "collect_with_critic") as log:
+        log.log({"rollout/reward_mean": summary["reward_mean"], "critic/rounds": summary["critique_rounds"]})
+    return summary
+
+
+def optimise(ctx: PipelineContext, out: Path) -> dict[str, Any]:
+    from actors.replay_buffer import ReplayBufferClient
+    from cast_rl.learner.critique_samples import supervised_from_trajectories
+    from cast_rl.learner.loop import TrainLoop
+
+    cfg = dataclasses.replace(ctx.train_cfg(), run_dir=str(out))
+    summary: dict[str, Any] = {}
+    group = ctx.rollout_group()
+    group.set_verification_budget(0)
+    learner = _learner(ctx, cfg.learner.lr)
+    try:
+        with _metrics(ctx, "optimise") as log:
+            if "supervised" in cfg.algorithm.samples and cfg.pipeline.sft_steps:
+                corrected = [t for stage in ("collect_with_critic", "collect")
+                             if (p := ctx.stage_dir(stage) / "trajectories.jsonl").exists()
+                             for t in read_trajectories(p)]
+                samples = supervised_from_trajectories(corrected, cfg, "rft")
+                summary["sft_samples"] = len(samples)
+                if samples:
+                    losses = train_supervised(learner, samples, cfg.pipeline.sft_steps,
+                                              cfg.learner.global_batch_size, log, "rft", cfg.learner.seed)
+                    summary["sft_loss_last"] = losses[-1]
+                    ctx.sync_policy(*learner.publish_weights())
+            rl = [k for k in cfg.algorithm.samples if k != "supervised"]
+            if rl and cfg.algorithm.steps:
+                rl_cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, samples=rl))
+                buffer = ReplayBufferClient(rl_cfg.replay, out / "replay" / "log.jsonl", rl_cfg.learner.global_batch_size)
+                tasks = list(cfg.env.task_indices or range(len(ctx.data.tasks(cfg.env.split))))
+                loop = TrainLoop(rl_cfg, _VersionedCollector(group, ctx), learner, buffer, tasks, metrics=log,
+                                 split=cfg.env.split)
+                history = loop.run()
+                summary["grpo_steps"] = loop.state.step
+                summary["reward_per_step"] = [round(h.get("train/reward_mean", float("nan")), 4) for h in history]
+        model = learner.save_hf(out / "model")
+    finally:
+        learner.shutdown()
+    ctx.policy_path = model  # the rollout group already serves these weights
+    summary["model"] = str(model)
+    summary["policy_version"] = ctx.policy_version
+    return summary
+
+
+class _VersionedCollector:
+    """The rollout group as the train loop's collector, keeping the pipeline's version."""
+
+    def __init__(self, group: Any, ctx: PipelineContext) -> None:
+        self.group, self.ctx = group, ctx
+
+    def collect(self, units: list[tuple[str, int, int]]) -> list[Trajectory]:
+        return self.group.collect(units)
+
+    def update_weights(self, version: int, weights: Any, checksum: str) -> Any:
+        self.ctx.sync_policy(version, weights, checksum)
+        return version
+
+
+STAGES: dict[str, Callable[[PipelineContext, Path], dict[str, Any]]] = {
+    "warmstart": warmstart,
+    "eval_before": eval_before,
+    "collect": collect,
+    "label": label,
+    "critic_data": critic_data,
+    "train_critic": train_critic,
+    "collect_with_critic": collect_with_critic,
+    "optimise": optimise,
+    "eval_after": eval_after,
+}

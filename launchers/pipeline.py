@@ -1,0 +1,106 @@
+"""Run the CAST pipeline, stage by stage, resumable.
+
+    cast-rl pipeline configs/quickstart.yaml [key=value ...]
+    python -m launchers.pipeline configs/quickstart.yaml            # the module ray job submit runs
+    ray job submit --address http://HEAD:8265 --working-dir . -- \\
+        python -m launchers.pipeline configs/paper_qwen3_4b_8gpu.yaml cluster.address=auto
+
+Stages (``pipeline.stages``; see :mod:`cast_rl.pipeline.stages`) write under ``run_dir``; a stage
+with a ``DONE.json`` is skipped, so rerunning the command resumes a stopped run.  Each stage is its
+own W&B run, all in one group (``logging.group``, default the run directory's name).  The last
+lines printed say where the report, plots and W&B runs are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cast_rl.config import load_config
+from cast_rl.config.schema import PIPELINE_STAGES, CastConfig
+
+logger = logging.getLogger(__name__)
+
+
+def run_pipeline(cfg: CastConfig) -> dict[str, Any]:
+    """Run every configured stage in order; returns the stage summaries and report paths."""
+    from cast_rl.envs.setup import load_env_data
+    from cast_rl.models.setup import ensure_policy_model
+    from cast_rl.pipeline.context import PipelineContext
+    from cast_rl.pipeline.report import headline, write_pipeline_report
+    from cast_rl.pipeline.stages import STAGES
+    from launchers.cluster import init_ray
+
+    t0 = time.perf_counter()
+    data = load_env_data(cfg)
+    ensure_policy_model(cfg, data)
+    init_ray(cfg)
+    ctx = PipelineContext(cfg, data)
+    summaries: dict[str, Any] = {}
+    try:
+        for stage in PIPELINE_STAGES:
+            if stage not in cfg.pipeline.stages:
+                continue
+            summary = ctx.done(stage)
+            if summary is None:
+                logger.info("stage %s: running", stage)
+                start = time.perf_counter()
+                summary = STAGES[stage](ctx, ctx.begin(stage))
+                summary["wall_s"] = round(time.perf_counter() - start, 1)
+                ctx.finish(stage, summary)
+            else:
+                logger.info("stage %s: done earlier, skipped", stage)
+                if "model" in summary and stage in ("warmstart", "optimise"):
+                    ctx.policy_moved(Path(summary["model"]))  # a resumed run starts from it
+            summaries[stage] = summary
+    finally:
+        ctx.close()
+    report = write_pipeline_report(
+        ctx.root,
+        ctx.stage_dir("eval_before") / "report.json" if "eval_before" in summaries else None,
+        ctx.stage_dir("eval_after") / "report.json" if "eval_after" in summaries else None,
+    )
+    result = {
+        "run_dir": str(ctx.root),
+        "stages": summaries,
+        "report": str(report["report"]),
+        "summary": str(report["summary"]),
+        "plots": sorted(str(v) for k, v in report.items() if k.startswith("plot:")),
+        "wandb": str(ctx.root / "wandb"),
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
+    (ctx.root / "pipeline.json").write_text(json.dumps(result, indent=2))
+    result["headline"] = headline(json.loads(Path(report["report"]).read_text()))
+    return result
+
+
+def print_result(result: dict[str, Any]) -> None:
+    print("\npass^k (success: reward within 1e-6 of 1)")
+    for line in result["headline"]:
+        print("  " + line)
+    print(f"\nreport:  {result['report']}")
+    print(f"summary: {result['summary']}")
+    for plot in result["plots"]:
+        print(f"plot:    {plot}")
+    print(f"W&B offline runs: {result['wandb']}  (upload: wandb sync {result['wandb']}/offline-run-*)")
+    print(f"wall time: {result['wall_s']} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", help="YAML file, or 'default'")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    args = parser.parse_args(argv)
+    cfg = load_config(None if args.config == "default" else args.config, args.overrides)
+    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print_result(run_pipeline(cfg))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
