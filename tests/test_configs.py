@@ -95,3 +95,19 @@ def test_cli_config_show_and_one_line_error() -> None:
     )
     assert bad.returncode == 2
     assert bad.stderr.strip() == "config error (command line): learner.lr='abc' is not allowed; expected float"
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus"),
+    [("qwen3_4b_1x8gpu.yaml", 8), ("qwen3_8b_1x8gpu.yaml", 8), ("qwen3_8b_4x8gpu.yaml", 32)],
+)
+def test_paper_gpu_layouts_fit_their_nodes(name: str, gpus: int) -> None:
+    from cast_rl.config.resources import gpus_required
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "paper" / name)
+    need = gpus_required(cfg)
+    assert need["peak"] <= gpus, need
+    assert need["learner"] >= 4 and need["rollout"] >= 2, need
+    assert cfg.policy.path.startswith("/models/Qwen3-")
+    assert cfg.eval.domains == ["retail", "airline", "telecom", "telehealth"]
+    assert cfg.critic.backend == "model" and cfg.teacher.enabled

@@ -177,6 +177,27 @@ class CriticConfig:
 
 
 @dataclass(frozen=True)
+class TeacherConfig:
+    """An optional teacher LLM that rewrites rule-based rationales in natural language."""
+
+    enabled: bool = False
+    """Rewrite rationales in the label stage (outputs failing the leakage check are dropped)."""
+    model: ModelConfig = field(
+        default_factory=lambda: ModelConfig(path="", make_tiny_if_missing=False)
+    )
+    """For inference.backend=vllm: the teacher's local HF directory; for openai: the model name."""
+    inference: InferenceConfig = field(
+        default_factory=lambda: InferenceConfig(temperature=0.0, max_new_tokens=512)
+    )
+    """The engine serving the teacher (vllm, or an OpenAI-compatible endpoint)."""
+
+    def __post_init__(self) -> None:
+        if self.enabled and not self.model.path:
+            raise ValueError("teacher.model.path='' is not allowed with teacher.enabled=true; "
+                             "give the teacher's model directory or endpoint model name")
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     """Rollout workers: environment pools plus a policy engine each."""
 
@@ -507,6 +528,8 @@ class CastConfig:
     """The user simulator."""
     critic: CriticConfig = field(default_factory=CriticConfig)
     """The critic and the verification loop."""
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    """The optional teacher that rewrites rationales."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Rollout workers."""
     replay: ReplayBufferConfig = field(default_factory=ReplayBufferConfig)

@@ -165,11 +165,41 @@ def label(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     from cast_rl.critique.labeller import label_file
 
     source = ctx.stage_dir("collect") / "trajectories.jsonl"
-    labels, _, labeller = label_file(ctx.data, source, out / "labels.jsonl")
+    labels, trajectories, labeller = label_file(ctx.data, source, out / "labels.jsonl")
     metrics = labeller.stats.metrics()
+    if ctx.cfg.teacher.enabled:
+        import asyncio
+
+        from cast_rl.critique.labeller import write_labels
+
+        metrics.update(asyncio.run(_teacher_rewrite(ctx, labels, trajectories)))
+        write_labels(out / "labels.jsonl", labels)
     with _metrics(ctx, "label") as log:
         log.log(metrics)
     return {"actions": len(labels), **{k.removeprefix("label/"): v for k, v in metrics.items()}}
+
+
+async def _teacher_rewrite(ctx: PipelineContext, labels: list, trajectories: list) -> dict[str, float]:
+    """Let the teacher rewrite each rationale; rewrites that leak are discarded (counted)."""
+    from cast_rl.critique.labeller import teacher_items
+    from cast_rl.critique.teacher import OpenAIChat, Teacher
+    from cast_rl.inference import build_engine
+
+    cfg = ctx.cfg.teacher
+    if cfg.inference.backend == "openai":
+        engine: Any = OpenAIChat(cfg.inference.base_url, cfg.model.path, cfg.inference.api_key_env)
+    else:
+        engine = build_engine(cfg.model.path, cfg.inference, seed=ctx.cfg.seed)
+    teacher = Teacher(engine)
+    try:
+        items = teacher_items(ctx.data, labels, trajectories)
+        results = await teacher.rewrite_many([item for _, item in items])
+        for (pos, _), rationale in zip(items, results):
+            if rationale is not None:
+                labels[pos].rationale = rationale.to_json()
+    finally:
+        await engine.close()
+    return {"label/teacher_rewritten": teacher.stats.rewritten, "label/teacher_discarded": teacher.stats.discarded}
 
 
 def critic_data(ctx: PipelineContext, out: Path) -> dict[str, Any]:
