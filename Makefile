@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $@
 
 quickstart: setup
-	$(BIN)/python -m launchers.quickstart
+	$(BIN)/cast-rl pipeline configs/quickstart.yaml
 
 test: setup
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
