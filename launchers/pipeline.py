@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cast_rl.config import load_config
+from cast_rl.config import ConfigError, load_config
 from cast_rl.config.schema import PIPELINE_STAGES, CastConfig
 
 logger = logging.getLogger(__name__)
@@ -96,7 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", help="YAML file, or 'default'")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     args = parser.parse_args(argv)
-    cfg = load_config(None if args.config == "default" else args.config, args.overrides)
+    try:
+        cfg = load_config(None if args.config == "default" else args.config, args.overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print_result(run_pipeline(cfg))
     return 0

@@ -1,8 +1,9 @@
-"""Shared parts of the cluster-launch tests: the tiny rollout job, free ports, a private Ray
+"""Shared parts of the cluster-launch tests: the tiny pipeline job, free ports, a private Ray
 temp dir and the environment the Ray processes get."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -16,32 +17,45 @@ import pytest
 
 from cast_rl.rollout.trajectory import read_trajectories
 
+PIPELINE_STAGES = "[collect,label,critic_data,eval_after]"
+
 
 @pytest.fixture
-def rollout_overrides(tiny_model_dir: Path, retail_data_dir: Path) -> list[str]:
-    """Overrides that make `launchers.rollout` a two-episode job on the tiny model."""
+def pipeline_overrides(tiny_model_dir: Path, retail_data_dir: Path) -> list[str]:
+    """Overrides that make `launchers.pipeline` a small job on the tiny model: collect two
+    training tasks, label them, build critic data, and evaluate two test tasks (n=2) without
+    and with the rule critic."""
     return [
         f"policy.path={tiny_model_dir}",
         f"env.data_dir={retail_data_dir}",
+        f"pipeline.stages={PIPELINE_STAGES}",
+        "pipeline.train_tasks=2",
+        "pipeline.collect_trials=1",
         "rollout.num_workers=1",
         "rollout.num_cpus_per_worker=1",
         "env.max_steps=2",
         "inference.max_new_tokens=16",
-        "rollout.trials_per_task=1",
         "env.task_indices=[0,1]",
+        "eval.trials=2",
+        "eval.verification_budgets=[0,1]",
     ]
 
 
-def _check_rollout_output(path: Path) -> None:
-    """The tiny job's output: tasks 0 and 1 once each, by policy version 0, tokens aligned."""
-    trajectories = read_trajectories(path)
+def _check_pipeline_output(run_dir: Path) -> None:
+    """The tiny pipeline's outputs: every stage done, trajectories, labels, a pass^k report."""
+    summary = json.loads((run_dir / "pipeline.json").read_text())
+    assert list(summary["stages"]) == ["collect", "label", "critic_data", "eval_after"]
+    trajectories = read_trajectories(run_dir / "02_collect" / "trajectories.jsonl")
     assert sorted((t.task_index, t.trial) for t in trajectories) == [(0, 0), (1, 0)]
     for traj in trajectories:
-        assert traj.domain == "retail"
-        assert traj.policy_version == 0
-        assert traj.messages[0]["role"] == "system"
+        assert traj.domain == "retail" and traj.policy_version == 0
         assert len(traj.token_ids) == len(traj.loss_mask) == len(traj.logprobs) > 0
-        assert sum(traj.loss_mask) > 0
+    assert (run_dir / "03_label" / "labels.jsonl").read_text().strip()
+    report = json.loads((run_dir / "report" / "report.json").read_text())
+    labels = [c["label"] for c in report["configurations"]]
+    assert labels == ["after: no critic", "after: critic B=1"]
+    for config in report["configurations"]:
+        assert set(config["groups"]["retail/test"]["pass^k"]) == {"pass^1", "pass^2"}
 
 
 def _free_ports(n: int) -> list[int]:
@@ -80,8 +94,8 @@ def _wait_until_gone(marker: str, timeout_s: float = 60.0) -> list[int]:
 
 
 @pytest.fixture
-def check_rollout_output() -> Callable[[Path], None]:
-    return _check_rollout_output
+def check_pipeline_output() -> Callable[[Path], None]:
+    return _check_pipeline_output
 
 
 @pytest.fixture

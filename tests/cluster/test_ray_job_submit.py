@@ -1,4 +1,4 @@
-"""`ray job submit` of the tiny rollout job to a Ray head started with `ray start --head`.
+"""`ray job submit` of a small pipeline job to a Ray head started with `ray start --head`.
 
 The job joins the running cluster (cluster.address=auto) from an uploaded copy of the
 repository, as on a real cluster. Takes about 2 minutes (Ray head, then vLLM in a Ray actor).
@@ -114,16 +114,15 @@ def ray_head(ray_temp_dir: Path, free_ports, cluster_env, wait_until_gone) -> It
         assert not left, f"Ray processes outlived the head: {left}"
 
 
-def test_ray_job_submit_runs_the_rollout_job(
-    ray_head: Head, rollout_overrides: list[str], tmp_path: Path, check_rollout_output  # noqa: ANN001
+def test_ray_job_submit_runs_a_small_pipeline(
+    ray_head: Head, pipeline_overrides: list[str], tmp_path: Path, check_pipeline_output  # noqa: ANN001
 ) -> None:
-    out = tmp_path / "trajectories.jsonl"
     submission_id = "cast-test-submit"
     submit = [
         RAY, "job", "submit", "--address", ray_head.url, "--submission-id", submission_id,
         "--working-dir", str(REPO), "--runtime-env-json", json.dumps({"excludes": UPLOAD_EXCLUDES}),
-        "--", "python", "-m", "launchers.rollout", "configs/quickstart.yaml", "cluster.address=auto",
-        f"run_dir={tmp_path / 'run'}", *rollout_overrides, "--out", str(out),
+        "--", "python", "-m", "launchers.pipeline", "configs/quickstart.yaml", "cluster.address=auto",
+        f"run_dir={tmp_path / 'run'}", *pipeline_overrides,
     ]  # fmt: skip
     started = time.monotonic()
     result = subprocess.run(submit, env=ray_head.env, capture_output=True, text=True, timeout=900)
@@ -135,6 +134,6 @@ def test_ray_job_submit_runs_the_rollout_job(
         env=ray_head.env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert status.stdout.split() == ["SUCCEEDED", "0"], status.stdout + status.stderr
-    assert "'episodes': 2" in result.stdout
-    check_rollout_output(out)
+    assert "pass^k" in result.stdout
+    check_pipeline_output(tmp_path / "run")
     print(f"job submitted and finished in {took:.0f}s")

@@ -91,7 +91,7 @@ def script_env(cluster_env, free_ports, ray_temp_dir: Path, tmp_path: Path):  # 
     return cluster_env(
         CAST_REPO=str(REPO),
         CAST_VENV=sys.prefix,
-        CAST_ENTRY="launchers.rollout",
+        CAST_ENTRY="launchers.pipeline",
         CAST_CONFIG="configs/quickstart.yaml",
         CAST_RUN_DIR=str(tmp_path / "run"),
         CAST_LOG_DIR=str(tmp_path / "logs"),
@@ -104,24 +104,23 @@ def script_env(cluster_env, free_ports, ray_temp_dir: Path, tmp_path: Path):  # 
     )
 
 
-def test_single_node_script_runs_the_rollout_job(
-    slurm, script_env, rollout_overrides, tmp_path: Path, ray_temp_dir: Path,  # noqa: ANN001
-    check_rollout_output, wait_until_gone,  # noqa: ANN001
+def test_single_node_script_runs_a_small_pipeline(
+    slurm, script_env, pipeline_overrides, tmp_path: Path, ray_temp_dir: Path,  # noqa: ANN001
+    check_pipeline_output, wait_until_gone,  # noqa: ANN001
 ) -> None:  # fmt: skip
-    out = tmp_path / "trajectories.jsonl"
-    script_env["CAST_ARGS"] = " ".join([*rollout_overrides, "--out", str(out)])
+    script_env["CAST_ARGS"] = " ".join(pipeline_overrides)
     job = run_batch("slurm/cast_single_node.sbatch", script_env, tmp_path)
     assert (job.state, job.exit_code) == ("COMPLETED", "0:0"), job.log[-6000:]
     assert f"job cast-{job.job_id}: SUCCEEDED, exit code 0" in job.log
-    check_rollout_output(out)
+    check_pipeline_output(tmp_path / "run")
     assert not wait_until_gone(str(ray_temp_dir)), "Ray processes outlived the Slurm job"
 
 
 def test_multinode_script_passes_on_the_job_exit_code(
     slurm, script_env, tmp_path: Path, ray_temp_dir: Path, wait_until_gone,  # noqa: ANN001
 ) -> None:  # fmt: skip
-    # One node (all this Slurm has): head only. No --out: the launcher's argparse exits 2.
-    script_env["CAST_ARGS"] = ""
+    # One node (all this Slurm has): head only. A bad override: the config loader exits 2.
+    script_env["CAST_ARGS"] = "learner.lr=fast"
     # No token anywhere: the script makes one for the job and keeps it for clients.
     script_env["RAY_AUTH_TOKEN_PATH"] = str(tmp_path / "no-such-token")
     script_env.pop("RAY_AUTH_TOKEN", None)
@@ -129,6 +128,6 @@ def test_multinode_script_passes_on_the_job_exit_code(
     assert (job.state, job.exit_code) == ("FAILED", "2:0"), job.log[-6000:]
     token = tmp_path / "logs" / "ray_auth_token"
     assert len(token.read_text().strip()) == 64 and token.stat().st_mode & 0o777 == 0o600
-    assert "the following arguments are required: --out" in job.log
+    assert "learner.lr='fast' is not allowed; expected float" in job.log
     assert f"job cast-{job.job_id}: FAILED, exit code 2" in job.log
     assert not wait_until_gone(str(ray_temp_dir)), "Ray processes outlived the Slurm job"
