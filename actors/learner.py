@@ -58,8 +58,9 @@ class LearnerWorkerActor:
 
         os.environ.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
                            "RANK": str(self.rank), "WORLD_SIZE": str(self.world_size)})
-        if self.cfg.learner.num_cpus_per_worker >= 1:
-            torch.set_num_threads(int(self.cfg.learner.num_cpus_per_worker))
+        # As many intra-op threads as CPUs reserved (at least one): more only spin against
+        # the other ranks and the engines on the same cores.
+        torch.set_num_threads(max(1, int(self.cfg.learner.num_cpus_per_worker)))
         self.engine = LearnerEngine(self.cfg, self.rank, self.world_size)
         return self.engine.version
 

@@ -1,25 +1,148 @@
-"""Start or join Ray for a run (``cluster.address``)."""
+"""Start or join Ray for a run (``cluster.address``), after a pre-flight check of resources.
+
+:func:`check_resources` compares what the actors of a run will ask Ray for (CPUs and GPUs per
+rollout worker, learner rank and critic replica) with what the cluster has, and raises a one-line
+:class:`~cast_rl.config.loader.ConfigError` naming the key to change.  Without it an impossible
+request (a GPU per worker on a CPU machine, more CPUs than the cluster has) leaves actors pending
+forever instead of failing.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
+from cast_rl.config.loader import ConfigError
 from cast_rl.config.schema import CastConfig
 
 logger = logging.getLogger(__name__)
 
+PARTS = ("rollout", "learner", "critic")
+"""Actor kinds a launcher may start; pass those that live at the same time."""
+_EPS = 1e-6
 
-def init_ray(cfg: CastConfig) -> None:
-    """``local`` starts a private Ray on this machine; anything else joins that cluster."""
+
+@dataclass(frozen=True)
+class Capacity:
+    """Resources of a Ray cluster: the total, and the largest single node (an actor's bound)."""
+
+    total: Mapping[str, float]
+    largest_node: Mapping[str, float]
+    source: str
+    """Where the numbers come from, for the error message."""
+
+
+@dataclass(frozen=True)
+class _Request:
+    part: str
+    count: int
+    count_key: str
+    per_actor: Mapping[str, tuple[float, str]]
+    """Resource -> (amount per actor, the config key that sets it)."""
+
+
+def _requests(cfg: CastConfig, parts: Iterable[str]) -> list[_Request]:
+    out = []
+    for part in parts:
+        if part not in PARTS:
+            raise ValueError(f"unknown part {part!r}; choose from {', '.join(PARTS)}")
+        if part == "rollout":
+            r = cfg.rollout
+            out.append(_Request(part, r.num_workers, "rollout.num_workers", {
+                "CPU": (r.num_cpus_per_worker, "rollout.num_cpus_per_worker"),
+                "GPU": (r.num_gpus_per_worker, "rollout.num_gpus_per_worker"),
+            }))
+        elif part == "learner":
+            lr = cfg.learner
+            out.append(_Request(part, lr.num_workers, "learner.num_workers", {
+                "CPU": (lr.num_cpus_per_worker, "learner.num_cpus_per_worker"),
+                "GPU": (lr.num_gpus_per_worker, "learner.num_gpus_per_worker"),
+            }))
+        elif cfg.critic.backend == "model":  # a rule critic actor takes no CPU
+            # actors/critic_service.py: one CPU per model-critic replica
+            out.append(_Request(part, cfg.critic.num_replicas, "critic.num_replicas", {
+                "CPU": (1.0, "critic.backend=model (1 CPU per replica)"),
+            }))
+    return out
+
+
+def _local_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        return 0
+
+
+def cluster_capacity(cfg: CastConfig) -> Capacity | None:
+    """The running Ray's resources; for ``cluster.address=local`` before Ray starts, what it will
+    get (``cluster.num_cpus`` and this machine's GPUs); None when a remote cluster is not joined yet."""
     import ray
 
     if ray.is_initialized():
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        largest = {k: max(n.get(k, 0.0) for n in nodes) for k in ("CPU", "GPU")} if nodes else {}
+        return Capacity(dict(ray.cluster_resources()), largest, "the Ray cluster")
+    if cfg.cluster.address == "local":
+        local = {"CPU": float(cfg.cluster.num_cpus), "GPU": float(_local_gpus())}
+        return Capacity(local, local, f"the local Ray (cluster.num_cpus={cfg.cluster.num_cpus})")
+    return None
+
+
+def check_resources(cfg: CastConfig, parts: Iterable[str] = PARTS, capacity: Capacity | None = None) -> None:
+    """Raise a one-line :class:`ConfigError` if the actors of ``parts`` cannot all be placed.
+
+    Checks that each actor fits on the largest node, then that all of them (they live at the same
+    time) fit in the cluster's total.  ``capacity`` defaults to :func:`cluster_capacity`.
+    """
+    capacity = capacity or cluster_capacity(cfg)
+    if capacity is None:
+        logger.info("resource check skipped: not connected to cluster %s yet", cfg.cluster.address)
+        return
+    requests = _requests(cfg, parts)
+    for req in requests:
+        for res, (amount, key) in req.per_actor.items():
+            have = capacity.largest_node.get(res, 0.0)
+            if amount > have + _EPS:
+                unit = "GPU" if res == "GPU" else "CPU"
+                fix = f"set {key}=0" if res == "GPU" else f"lower {key}"
+                raise ConfigError(
+                    f"config error: {key}={amount:g} cannot be placed: the largest node of "
+                    f"{capacity.source} has {have:g} {unit}s; {fix} or add resources"
+                )
+    for res in ("CPU", "GPU"):
+        terms = [(r, *r.per_actor[res]) for r in requests if r.per_actor.get(res, (0.0, ""))[0] > 0]
+        need = sum(r.count * amount for r, amount, _ in terms)
+        have = capacity.total.get(res, 0.0)
+        if need > have + _EPS:
+            parts_text = " + ".join(f"{r.count_key}={r.count} x {key}={amount:g}" for r, amount, key in terms)
+            hint = " or raise cluster.num_cpus" if res == "CPU" and cfg.cluster.address == "local" else ""
+            raise ConfigError(
+                f"config error: {parts_text} need {need:g} {res}s at once, but {capacity.source} "
+                f"has {have:g}; lower them{hint}"
+            )
+
+
+def init_ray(cfg: CastConfig, parts: Iterable[str] = ()) -> None:
+    """``local`` starts a private Ray on this machine; anything else joins that cluster.
+
+    ``parts``: the actor kinds the caller will start (see :data:`PARTS`); they are checked with
+    :func:`check_resources` before Ray starts (local) or right after joining (a remote cluster).
+    """
+    import ray
+
+    parts = tuple(parts)
+    if ray.is_initialized():
+        check_resources(cfg, parts)
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Workers import cast_rl, actors and launchers from the driver's working directory.
     runtime_env = {"env_vars": {"PYTHONPATH": os.getcwd(), "TOKENIZERS_PARALLELISM": "false"}}
     if cfg.cluster.address == "local":
+        check_resources(cfg, parts)
         ray.init(
             num_cpus=cfg.cluster.num_cpus,
             include_dashboard=False,
@@ -29,4 +152,5 @@ def init_ray(cfg: CastConfig) -> None:
         )
     else:
         ray.init(address=cfg.cluster.address, runtime_env=runtime_env)
+        check_resources(cfg, parts)
     logger.info("ray resources: %s", ray.cluster_resources())

@@ -39,7 +39,7 @@ def run_pipeline(cfg: CastConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     data = load_env_data(cfg)
     ensure_policy_model(cfg, data)
-    init_ray(cfg)
+    init_ray(cfg, parts=("rollout", "learner", "critic"))  # they live at the same time
     ctx = PipelineContext(cfg, data)
     summaries: dict[str, Any] = {}
     try:

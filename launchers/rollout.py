@@ -30,7 +30,7 @@ def run_rollout(cfg: CastConfig, out: str | Path, units: list | None = None) -> 
 
     data = load_env_data(cfg)
     ensure_policy_model(cfg, data)
-    init_ray(cfg)
+    init_ray(cfg, parts=("rollout", "critic") if cfg.critic.verification_budget else ("rollout",))
     units = units if units is not None else episode_units(cfg, data)
     group = RolloutGroup(cfg)
     out = Path(out)

@@ -13,7 +13,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from cast_rl.config.schema import CastConfig
@@ -96,12 +96,33 @@ def _dotlist(overrides: list[str]) -> DictConfig:
 
 
 def _merge(merged: DictConfig, layer: DictConfig, source: str) -> DictConfig:
+    section = _scalar_for_section(layer)
+    if section is not None:  # OmegaConf's own error here does not name the key
+        key, value = section
+        raise ConfigError(f"config error ({source}): {key}={value!r} is not allowed; expected {_expected_type(key)}")
     try:
         out = OmegaConf.merge(merged, layer)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"config error ({source}): {_describe(exc)}") from None
     assert isinstance(out, DictConfig)
     return out
+
+
+def _scalar_for_section(layer: DictConfig, prefix: str = "") -> tuple[str, Any] | None:
+    """The first key of ``layer`` that gives a plain value where the schema has a section."""
+    for key in layer:
+        dotted = f"{prefix}{key}"
+        if not dataclasses.is_dataclass(_node_type(dotted)):
+            continue
+        child = layer._get_node(key)
+        if isinstance(child, DictConfig):
+            found = _scalar_for_section(child, dotted + ".")
+            if found is not None:
+                return found
+        else:
+            value = OmegaConf.to_container(child) if isinstance(child, ListConfig) else child._value()  # type: ignore[union-attr]
+            return dotted, value
+    return None
 
 
 def _describe(exc: OmegaConfBaseException) -> str:

@@ -164,9 +164,9 @@ class CriticConfig:
     service: bool = False
     """Serve backend=rule from the critic-service actors too (backend=model always uses them);
     False checks rules in-process in each rollout worker."""
-    timeout_s: float = 60.0
+    timeout_s: float = 300.0
     """A critique request to a service actor taking longer is retried on the next actor (it
-    counts against max_retries)."""
+    counts against max_retries); keep it above critic.inference.request_timeout_s."""
 
     def __post_init__(self) -> None:
         _check_choice("critic.backend", self.backend, ("rule", "model"))

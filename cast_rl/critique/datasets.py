@@ -54,7 +54,7 @@ def read_labels(path: str | Path) -> list[dict[str, Any]]:
             try:
                 obj = json.loads(raw.decode("utf-8"))
                 _check_label(obj)
-            except (ValueError, TypeError) as exc:
+            except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: nested too deep
                 raise LabelFormatError(f"{path}:{lineno}: not a label: {exc}") from None
             out.append(obj)
     return out

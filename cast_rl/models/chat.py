@@ -15,6 +15,7 @@ from typing import Any
 
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _OPEN = "<tool_call>"
+_CLOSE = "</tool_call>"
 
 
 @dataclass
@@ -40,32 +41,52 @@ def render(
 
 
 def parse_assistant(text: str) -> ParsedTurn:
-    """Split generated text into content and ``<tool_call>`` JSON blocks."""
+    """Split generated text into content and ``<tool_call>`` JSON blocks.
+
+    Linear in the text's length: each block runs from an opening tag to the first closing tag
+    after it (what :data:`TOOL_CALL_RE` matches); a scan by ``str.find`` stops at the first
+    unterminated block, where a regex search would retry from every later opening tag
+    (quadratic on a long run of opening tags).
+    """
     errors: list[str] = []
     calls: list[dict[str, Any]] = []
-    for match in TOOL_CALL_RE.finditer(text):
-        body = match.group(1).strip()
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError as exc:
-            errors.append(f"tool call is not valid JSON ({exc.msg} at char {exc.pos})")
-            continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            errors.append('tool call must be a JSON object with a string "name"')
-            continue
-        arguments = obj.get("arguments", {})
-        if isinstance(arguments, str):  # some models emit the arguments JSON as a string
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                errors.append(f"arguments of {obj['name']!r} are not a JSON object")
-                continue
-        if not isinstance(arguments, dict):
-            errors.append(f"arguments of {obj['name']!r} must be a JSON object")
-            continue
-        calls.append({"name": obj["name"], "arguments": arguments})
-    content = TOOL_CALL_RE.sub("", text)
+    kept: list[str] = []  # the text outside the blocks
+    pos = 0
+    while True:
+        start = text.find(_OPEN, pos)
+        end = text.find(_CLOSE, start + len(_OPEN)) if start >= 0 else -1
+        if end < 0:
+            break
+        kept.append(text[pos:start])
+        _parse_call(text[start + len(_OPEN) : end].strip(), calls, errors)
+        pos = end + len(_CLOSE)
+    kept.append(text[pos:])
+    content = "".join(kept)
     if _OPEN in content:
         errors.append("unterminated <tool_call> block")
         content = content[: content.index(_OPEN)]
     return ParsedTurn(content=content.strip(), tool_calls=calls, errors=errors)
+
+
+def _parse_call(body: str, calls: list[dict[str, Any]], errors: list[str]) -> None:
+    """Append the call a block's JSON body holds to ``calls``, or why it is malformed to ``errors``."""
+    try:
+        obj = json.loads(body)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        where = f" ({exc.msg} at char {exc.pos})" if isinstance(exc, json.JSONDecodeError) else " (nested too deeply)"
+        errors.append(f"tool call is not valid JSON{where}")
+        return
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        errors.append('tool call must be a JSON object with a string "name"')
+        return
+    arguments = obj.get("arguments", {})
+    if isinstance(arguments, str):  # some models emit the arguments JSON as a string
+        try:
+            arguments = json.loads(arguments)
+        except (json.JSONDecodeError, RecursionError):
+            errors.append(f"arguments of {obj['name']!r} are not a JSON object")
+            return
+    if not isinstance(arguments, dict):
+        errors.append(f"arguments of {obj['name']!r} must be a JSON object")
+        return
+    calls.append({"name": obj["name"], "arguments": arguments})

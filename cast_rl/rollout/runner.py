@@ -4,8 +4,9 @@ Each episode alternates policy turns, tool executions and user-simulator turns u
 says ``###STOP###``, a terminate tool runs, or ``env.max_steps`` actions were taken.  Episodes
 run as asyncio tasks (``rollout.episodes_in_flight`` at a time) so the engine's continuous
 batching serves them together.  Bad model output is data: a malformed tool call becomes an error
-observation and is counted; a hung generation or user turn ends that episode as a recorded
-failure (``info["termination"]``), never the run.
+observation and is counted; a hung generation, tool or user turn, or a critic service that
+stays unreachable through its retries, ends that episode as a recorded failure
+(``info["termination"]``), never the run.
 
 With a :class:`~cast_rl.critique.verifier.Verifier` and ``critic.verification_budget`` B > 0,
 each proposed action is critiqued before it runs; an ``invalid`` critique is shown to the policy
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cast_rl.config.schema import CastConfig
+from cast_rl.critique.service import CriticUnavailable
 from cast_rl.envs.core import DomainData, Episode
 from cast_rl.envs.types import RESPOND, Action
 from cast_rl.envs.users import build_user
@@ -155,6 +157,9 @@ class EpisodeRunner:
                     break
         except GenerationTimeout:
             termination = "generation_timeout"
+        except CriticUnavailable as exc:  # every retry and fail-over of the critic failed
+            logger.warning("episode %s: %s", spec.key, exc)
+            termination = "critic_unavailable"
         except _StepTimeout as exc:
             termination = exc.reason
         except asyncio.TimeoutError:  # the user's opening message

@@ -140,7 +140,7 @@ def iter_trajectories(path: str | Path) -> Iterator[Trajectory]:
                 continue
             try:
                 yield Trajectory.from_json(json.loads(raw.decode("utf-8")))
-            except (ValueError, TypeError) as exc:
+            except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: nested too deep
                 raise TrajectoryFormatError(f"{path}:{lineno}: not a trajectory: {exc}") from None
 
 

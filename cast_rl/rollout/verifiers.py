@@ -8,10 +8,15 @@ from cast_rl.config.schema import CastConfig
 
 
 def build_verifier(cfg: CastConfig) -> Any:
-    """None when the critic is off (budget 0); else the configured backend's verifier."""
+    """None when the critic is off (budget 0); else the configured backend's verifier.
+
+    ``backend=rule`` checks in-process unless ``critic.service`` asks for the critic-service
+    actors; ``backend=model`` always goes through them (a :class:`CriticServiceClient` with
+    retries, fail-over and a per-request timeout).
+    """
     if cfg.critic.verification_budget == 0:
         return None
-    if cfg.critic.backend == "rule":
+    if cfg.critic.backend == "rule" and not cfg.critic.service:
         from cast_rl.critique.verifier import RuleVerifier
 
         return RuleVerifier()

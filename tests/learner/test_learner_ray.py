@@ -19,12 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-                                       "TOKENIZERS_PARALLELISM": "false"}})
+def ray_cluster(ray_local) -> Iterator[None]:  # noqa: ANN001
+    """The session's local Ray (one per session: other test modules share it)."""
     yield
-    ray.shutdown()
 
 
 def _batch(seed: int) -> list[Sample]:
