@@ -75,25 +75,42 @@ def run_training(cfg: CastConfig, collector_kind: str = "rollout", resume: bool 
     from launchers.cluster import init_ray
 
     init_ray(cfg, parts=("rollout", "learner", "critic") if collector_kind == "rollout" else ("learner",))
-    collector, tasks, split = build_collector(cfg, collector_kind)
-    collector = MonotoneCollector(collector)  # versions reach rollout workers in order, once
-    learner = LearnerGroup(cfg)
-    log_dir = Path(cfg.replay.log_dir or Path(cfg.run_dir) / "replay")
-    buffer = ReplayBufferClient(cfg.replay, log_dir / "log.jsonl", cfg.learner.global_batch_size,
-                                max_restarts=cfg.learner.max_restarts)  # recovers from its log
-    with MetricsLogger(cfg.logging, cfg.run_dir, config=to_dict(cfg), job_type="train") as metrics:
-        loop = TrainLoop(cfg, collector, learner, buffer, tasks, metrics=metrics, split=split)
-        if resume:
-            loop.resume()
-        # a dead learner worker: rebuild the group, resume from the latest checkpoint, go on
-        history = Supervisor(loop, lambda: LearnerGroup(cfg), cfg.learner.max_restarts).run()
-    final = loop.learner.save_hf(Path(cfg.run_dir) / "policy-final")
+    started: list[Any] = []  # what to end when the run stops, however it stops
+    try:
+        collector, tasks, split = build_collector(cfg, collector_kind)
+        started.append(collector)
+        collector = MonotoneCollector(collector)  # versions reach rollout workers in order, once
+        learner = LearnerGroup(cfg)
+        started.append(learner)
+        log_dir = Path(cfg.replay.log_dir or Path(cfg.run_dir) / "replay")
+        buffer = ReplayBufferClient(cfg.replay, log_dir / "log.jsonl", cfg.learner.global_batch_size,
+                                    max_restarts=cfg.learner.max_restarts)  # recovers from its log
+        started.append(buffer)
+        with MetricsLogger(cfg.logging, cfg.run_dir, config=to_dict(cfg), job_type="train") as metrics:
+            loop = TrainLoop(cfg, collector, learner, buffer, tasks, metrics=metrics, split=split)
+            if resume:
+                loop.resume()
+            # a dead learner worker: rebuild the group, resume from the latest checkpoint, go on
+            history = Supervisor(loop, lambda: LearnerGroup(cfg), cfg.learner.max_restarts).run()
+        started.append(loop.learner)  # the supervisor may have replaced the first group
+        final = loop.learner.save_hf(Path(cfg.run_dir) / "policy-final")
+    finally:
+        _shutdown(started)
     return {
         "steps": loop.state.step,
         "policy_version": loop.learner.version,
         "reward_per_step": [round(h.get("train/reward_mean", float("nan")), 4) for h in history],
         "policy": str(final),
     }
+
+
+def _shutdown(parts: list[Any]) -> None:
+    """End the actors a run started (engines close first), so a shared Ray gets its CPUs back."""
+    for part in {id(p): p for p in parts}.values():
+        if hasattr(part, "shutdown"):
+            part.shutdown()
+        elif hasattr(part, "handle"):
+            ray.kill(part.handle)
 
 
 def main(argv: list[str] | None = None) -> int:
