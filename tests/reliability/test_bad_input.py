@@ -144,7 +144,10 @@ def test_possible_requests_pass_the_check() -> None:
     check_resources(load_config(None, ["rollout.num_workers=1", "learner.num_workers=1"]),
                     ("rollout", "learner"), capacity=CPU_ONLY)
     quickstart = load_config(REPO / "configs" / "quickstart.yaml")
-    check_resources(quickstart, ("rollout", "learner", "critic"))  # its local Ray: cluster.num_cpus
+    # The local Ray the quickstart starts has cluster.num_cpus logical CPUs (whatever Ray this
+    # test session happens to run).
+    own = {"CPU": float(quickstart.cluster.num_cpus), "GPU": 0.0}
+    check_resources(quickstart, ("rollout", "learner", "critic"), capacity=Capacity(own, own, "local"))
 
 
 def test_cli_stops_an_impossible_rollout_before_ray_starts(
