@@ -158,31 +158,28 @@ class FindUserIdByNameZip:
         return "Error: user not found"
 
 
+def _record_json(data: Any, table: str, key: str, what: str) -> str:
+    """A record as the source's get_*_details tools show it, or their not-found error."""
+    records = data[table]
+    return json.dumps(records[key]) if key in records else f"Error: {what} not found"
+
+
 class GetOrderDetails:
     @staticmethod
     def invoke(data: Any, order_id: str) -> str:
-        orders = data["orders"]
-        if order_id in orders:
-            return json.dumps(orders[order_id])
-        return "Error: order not found"
+        return _record_json(data, "orders", order_id, "order")
 
 
 class GetProductDetails:
     @staticmethod
     def invoke(data: Any, product_id: str) -> str:
-        products = data["products"]
-        if product_id in products:
-            return json.dumps(products[product_id])
-        return "Error: product not found"
+        return _record_json(data, "products", product_id, "product")
 
 
 class GetUserDetails:
     @staticmethod
     def invoke(data: Any, user_id: str) -> str:
-        users = data["users"]
-        if user_id in users:
-            return json.dumps(users[user_id])
-        return "Error: user not found"
+        return _record_json(data, "users", user_id, "user")
 
 
 class ListAllProductTypes:
