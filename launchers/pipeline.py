@@ -39,7 +39,7 @@ def run_pipeline(cfg: CastConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     data = load_env_data(cfg)
     ensure_policy_model(cfg, data)
-    init_ray(cfg, parts=("rollout", "learner", "critic"))  # they live at the same time
+    init_ray(cfg, parts=actor_parts(cfg))
     ctx = PipelineContext(cfg, data)
     summaries: dict[str, Any] = {}
     try:
@@ -79,6 +79,17 @@ def run_pipeline(cfg: CastConfig) -> dict[str, Any]:
     return result
 
 
+def actor_parts(cfg: CastConfig) -> tuple[str, ...]:
+    """The actor kinds alive at the same time in this pipeline (for the resource pre-flight)."""
+    pipe = cfg.pipeline
+    trains = (
+        ("warmstart" in pipe.stages and pipe.warmstart_epochs > 0)
+        or ("train_critic" in pipe.stages and pipe.critic_train_steps > 0)
+        or "optimise" in pipe.stages
+    )
+    return ("rollout", "critic", "learner") if trains else ("rollout", "critic")
+
+
 def print_result(result: dict[str, Any]) -> None:
     print("\npass^k (success: reward within 1e-6 of 1)")
     for line in result["headline"]:
@@ -102,7 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    print_result(run_pipeline(cfg))
+    try:
+        result = run_pipeline(cfg)
+    except ConfigError as exc:  # e.g. the resource pre-flight: one line, nothing started
+        print(exc, file=sys.stderr)
+        return 2
+    print_result(result)
     return 0
 
 
