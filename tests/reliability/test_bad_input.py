@@ -324,7 +324,9 @@ def test_fuzzed_tool_calls_never_raise_nor_touch_the_pristine_db(domain: str, re
     name = st.sampled_from(names) | st.text(max_size=12) | st.integers() | st.none()
     checked = {"calls": 0, "actions": 0}
 
-    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    # derandomize: the same 300 examples every run, so the coverage floor below cannot flake
+    @settings(max_examples=300, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(name=name, raw=arguments, wrap=st.booleans())
     def run(name: Any, raw: str | None, wrap: bool) -> None:
         if wrap and isinstance(name, str) and raw is not None:  # through the model-text parser
