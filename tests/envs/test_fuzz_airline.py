@@ -687,6 +687,7 @@ def test_random_calls_never_raise_nor_touch_the_pristine_db(
     @settings(
         max_examples=400,
         deadline=None,
+        derandomize=True,  # the same examples every run: the call-count floor cannot flake
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
     @given(

@@ -392,7 +392,8 @@ def test_random_calls_never_raise_and_never_touch_the_pristine_db(
     pristine = data.db.state_hash()
     count = 0
 
-    @settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+    # derandomize: the same examples every run, so the call-count floor below cannot flake
+    @settings(max_examples=600, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(call_sequences(pools, huge=True))
     def run(calls: list[Call]) -> None:
         nonlocal count
