@@ -2,9 +2,10 @@
 
 Per domain/split of the report (:mod:`cast_rl.eval.report`):
 
-- ``passk_vs_k_<domain>_<split>.png``: pass^k against k, one line per configuration;
+- ``passk_vs_k_<domain>_<split>.png``: pass^k against k, one line per configuration, with
+  its 95% interval as error bars (``pass^k_ci``, when the report has it);
 - ``passk_vs_budget_<domain>_<split>.png``: pass^k against the verification budget, one line
-  per k (only when the report holds at least two budgets).
+  per k with its interval as a shaded band (only when the report holds at least two budgets).
 """
 
 from __future__ import annotations
@@ -39,10 +40,16 @@ def plot_passk_vs_k(report: dict[str, Any], group: str, path: Path) -> Path:
         if group not in config["groups"]:
             continue
         table = config["groups"][group]["pass^k"]
-        ax.plot([_k(name) for name in table], list(table.values()), marker="o", label=config["label"])
+        ks, values = [_k(name) for name in table], list(table.values())
+        cis = config["groups"][group].get("pass^k_ci")
+        if cis:
+            yerr = [[v - cis[name][0] for name, v in table.items()], [cis[name][1] - v for name, v in table.items()]]
+            ax.errorbar(ks, values, yerr=yerr, marker="o", capsize=3, label=config["label"])
+        else:
+            ax.plot(ks, values, marker="o", label=config["label"])
     ax.set_xlabel("k")
     ax.set_ylabel("pass^k")
-    ax.set_title(f"pass^k against k ({group})")
+    ax.set_title(f"pass^k against k ({group}; bars: 95% interval)")
     ax.xaxis.get_major_locator().set_params(integer=True)
     return _save(fig, ax, path)
 
@@ -55,10 +62,14 @@ def plot_passk_vs_budget(report: dict[str, Any], group: str, path: Path) -> Path
     fig, ax = _figure()
     budgets = [c["verification_budget"] for c in configs]
     for name in configs[0]["groups"][group]["pass^k"]:
-        ax.plot(budgets, [c["groups"][group]["pass^k"][name] for c in configs], marker="o", label=f"k={_k(name)}")
+        (line,) = ax.plot(budgets, [c["groups"][group]["pass^k"][name] for c in configs], marker="o",
+                          label=f"k={_k(name)}")
+        cis = [c["groups"][group].get("pass^k_ci", {}).get(name) for c in configs]
+        if all(cis):
+            ax.fill_between(budgets, [ci[0] for ci in cis], [ci[1] for ci in cis], color=line.get_color(), alpha=0.15)
     ax.set_xlabel("verification budget B (0: no critic)")
     ax.set_ylabel("pass^k")
-    ax.set_title(f"pass^k against verification budget ({group})")
+    ax.set_title(f"pass^k against verification budget ({group}; bands: 95% interval)")
     ax.set_xticks(budgets)
     return _save(fig, ax, path)
 
