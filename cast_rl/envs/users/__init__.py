@@ -1,6 +1,7 @@
 """Simulated customers, chosen by ``user.type`` through :data:`USER_BUILDERS`.
 
-``scripted``: :class:`~cast_rl.envs.users.scripted.ScriptedUser`, deterministic rules, no model.
+``scripted``: :class:`~cast_rl.envs.users.scripted.ScriptedUser`, deterministic rules, no model
+(all four domains; ``user.trait`` picks a tau-trait trait, :mod:`cast_rl.envs.users.traits`).
 ``llm``: :class:`~cast_rl.envs.users.llm.LLMUser` over an injected ``complete`` callable, or, when
 none is given and ``user.inference.backend`` is ``openai``, over that endpoint serving
 ``user.model.path``.
@@ -14,28 +15,31 @@ from cast_rl.config.schema import UserConfig
 from cast_rl.envs.users.base import UserSimulator
 from cast_rl.envs.users.llm import Complete, LLMUser, UserSimulatorTimeout, openai_complete
 from cast_rl.envs.users.scripted import ScriptedUser
+from cast_rl.envs.users.traits import Trait
 
 __all__ = [
     "USER_BUILDERS",
     "LLMUser",
     "ScriptedUser",
+    "Trait",
     "UserSimulator",
     "UserSimulatorTimeout",
     "build_user",
 ]
 
 
-def _scripted(cfg: UserConfig, complete: Complete | None) -> UserSimulator:
-    return ScriptedUser()
+def _scripted(cfg: UserConfig, complete: Complete | None, seed: int) -> UserSimulator:
+    return ScriptedUser(cfg.max_turns, Trait(cfg.trait, cfg.trait_level), seed=seed)
 
 
-def _llm(cfg: UserConfig, complete: Complete | None) -> UserSimulator:
+def _llm(cfg: UserConfig, complete: Complete | None, seed: int) -> UserSimulator:
     if complete is None:
         if cfg.inference.backend != "openai":
             raise ValueError(
                 f"user.type='llm' with user.inference.backend={cfg.inference.backend!r} needs an "
-                "engine: pass complete=... to build_user, or set user.inference.backend=openai "
-                "and user.inference.base_url"
+                "engine: the rollout worker passes its in-process user engine "
+                "(cast_rl.envs.users.engine), or set user.inference.backend=openai and "
+                "user.inference.base_url"
             )
         complete = openai_complete(
             cfg.inference.base_url,
@@ -45,18 +49,19 @@ def _llm(cfg: UserConfig, complete: Complete | None) -> UserSimulator:
             max_tokens=cfg.inference.max_new_tokens,
             request_timeout_s=cfg.inference.request_timeout_s,
         )
-    return LLMUser(complete, timeout_s=cfg.timeout_s)
+    return LLMUser(complete, timeout_s=cfg.timeout_s, trait=Trait(cfg.trait, cfg.trait_level))
 
 
-USER_BUILDERS: dict[str, Callable[[UserConfig, Complete | None], UserSimulator]] = {
+USER_BUILDERS: dict[str, Callable[[UserConfig, Complete | None, int], UserSimulator]] = {
     "scripted": _scripted,
     "llm": _llm,
 }
 
 
-def build_user(cfg: UserConfig, complete: Complete | None = None) -> UserSimulator:
-    """A fresh user simulator for one episode (``complete`` serves ``type=llm``)."""
+def build_user(cfg: UserConfig, complete: Complete | None = None, seed: int = 0) -> UserSimulator:
+    """A fresh user simulator for one episode (``complete`` serves ``type=llm``; ``seed`` drives
+    the scripted user's trait behaviour)."""
     if cfg.type not in USER_BUILDERS:
         raise ValueError(f"user.type={cfg.type!r} is not allowed; choose one of "
                          f"{', '.join(USER_BUILDERS)}")
-    return USER_BUILDERS[cfg.type](cfg, complete)
+    return USER_BUILDERS[cfg.type](cfg, complete, seed)

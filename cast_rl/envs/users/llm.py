@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from cast_rl.envs.types import Task
+from cast_rl.envs.users.traits import Trait, persona_line
 
 Complete = Callable[[list[dict[str, str]]], Awaitable[str]]
 """An engine call: chat messages in, the next assistant message's text out."""
@@ -32,8 +33,9 @@ class UserSimulatorTimeout(TimeoutError):
     """The user model did not answer within ``timeout_s`` seconds."""
 
 
-def system_prompt(instruction: str) -> str:
-    """The simulator's system prompt for one task instruction."""
+def system_prompt(instruction: str, trait: Trait | None = None) -> str:
+    """The simulator's system prompt for one task instruction (and a trait's persona line)."""
+    persona = persona_line(trait) if trait is not None else ""
     return (
         "You play a customer talking to a customer-service agent.\n\n"
         f"Instruction: {instruction}\n\n"
@@ -48,23 +50,25 @@ def system_prompt(instruction: str) -> str:
         "to end the conversation.\n"
         "- Use your own words rather than repeating the instruction verbatim.\n"
         "- Keep the conversation natural and stay in the character the instruction describes."
+        + (f"\n- {persona}" if persona else "")
     )
 
 
 class LLMUser:
     """Customer simulated by a chat model reached through ``complete``."""
 
-    def __init__(self, complete: Complete, timeout_s: float = 60.0) -> None:
+    def __init__(self, complete: Complete, timeout_s: float = 60.0, trait: Trait | None = None) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s={timeout_s!r} is not allowed; it must be > 0")
         self._complete = complete
         self.timeout_s = timeout_s
+        self.trait = trait
         self.messages: list[dict[str, str]] = []
         """The simulator's view of the conversation (roles flipped), system prompt first."""
 
     async def reset(self, task: Task, db: Mapping[str, Any] | None = None) -> str:
         self.messages = [
-            {"role": "system", "content": system_prompt(task.instruction)},
+            {"role": "system", "content": system_prompt(task.instruction, self.trait)},
             {"role": "user", "content": OPENING},
         ]
         return await self._generate()

@@ -1,49 +1,66 @@
-"""A deterministic, rule-based retail customer (no language model), for tests and the default.
+"""A deterministic, rule-based customer (no language model) for all four domains.
 
-:class:`ScriptedUser` reads what the customer wants from the task's gold *write* actions and the
-database at reset (names, item options, payment methods), and what the customer knows from the
-task: name and zip code always, the email only if the instruction states it (or the gold
-authentication uses it), an order id only if the instruction states it.
+:class:`ScriptedUser` wants what the task's gold *write* actions do, asked for one at a time in
+gold order (:mod:`cast_rl.envs.users.goals`), plus the task's required outputs as a question.
+What it says comes from what a customer knows: its own record, revealed only as far as the
+instruction states it (retail: name and zip code always, the email only if the instruction
+states it or the gold authentication uses it, an order id only if the instruction states it;
+other domains: :func:`~cast_rl.envs.users.goals.identity_line`), and its requests in its own
+words (retail: order, items by name and options, payment method by description; other domains:
+the action and the values it wants).  On a wrong proposal it restates its request in those words.
 
 It learns that a write happened by looking at the database, not at the agent's words: ``reset``
 receives the episode's live :class:`~cast_rl.envs.db.Database` and every turn re-reads it, and
 ``observe_db(db)`` points the user at another database object (an episode that forks or swaps
-its state calls it).  A request counts as done when its record shows the gold write's effect
-(status, cancel reason, address, new payment, return or exchange items).
+its state calls it).  A retail request counts as done when its record shows the write's effect
+(status, cancel reason, address, new payment, return or exchange items); another domain's when
+the records the gold write changes hold their gold values.  A gold write that changes nothing
+(it fails in the source) is *vacuous*: settled once the agent proposes it and the user agrees,
+or the agent says it cannot be done.  A required output counts as heard when an agent message
+contains it (the reward's own rule).
 
 Rules for each agent message, first match wins:
 
-1. every gold write done -> ``###STOP###`` (a task without writes stops at the first reply);
-   more than ``max_turns`` agent messages, or the agent gives up or transfers ("transfer you",
-   "human agent", "cannot help", ...) -> ``###STOP###``;
+1. every non-vacuous request done and every output heard -> ``###STOP###`` (a task without
+   either stops at the first reply); more than ``max_turns`` agent messages, the agent gives up
+   or transfers ("transfer you", "human agent", "cannot help", ...), or (impatient trait) the
+   user's patience runs out -> ``###STOP###``;
 2. a request finished since the last turn and another remains -> thanks and the next request;
+   only outputs remain -> thanks and the question the instruction asks;
 3. identity questions ("email", "zip", "your name", "verify", "identity", "authenticate") that
-   name no order id, item id or the new address line: "email" -> the email if known, otherwise
-   (and for the others) the name and zip code;
+   name no order id, item id, address line or other request value: "email" -> the email if
+   known, otherwise the identity line (retail: name and zip code);
 4. a confirmation question ("confirm", "proceed", "yes/no", "shall I", ...) that names an order
-   id, item id, the new address line or an action ("cancel", "return", "exchange", ...) ->
-   "Yes, please go ahead." when every expected detail of the current write appears (order id;
-   reason; address line and zip; each item by id or name and each new variant by id or changed
-   option values; payment method by id or description) and no other order id, no other item id
-   (item writes) and no other payment-method id does; otherwise "No, ..." plus the correct
-   details;
-5. detail questions: "reason" -> the cancel reason; "address" -> the new address; "payment",
-   "pay", "refund", "card", "method" -> the payment method; "order id"/"order number"/"which
-   order" -> the order id, or the order's products when the id is unknown; "item", "which",
-   "option", "variant" -> the item changes;
+   id, item id, request value or an action ("cancel", "return", "exchange", ...) -> "Yes, please
+   go ahead." when it matches a pending request: every expected detail appears (retail: order
+   id; reason; address line and zip; each item by id or name and each new variant by id or
+   changed option values; payment method by id or description; other domains: every value of
+   the write's arguments) and (retail) no other order id, item id (item writes) or
+   payment-method id does; otherwise "No, ..." plus the current request's details;
+5. detail questions: retail: "reason" -> the cancel reason; "address" -> the new address;
+   "payment", "pay", "refund", "card", "method" -> the payment method; "order id"/"order
+   number"/"which order" -> the order id, or the order's products when the id is unknown;
+   "item", "which", "option", "variant" -> the item changes; other domains: each argument named
+   in the question ("date", "flight number", ...) -> its value;
 6. anything else -> the current request restated with all its details.
 
-Requests are made one at a time, in gold order: the first message asks for the first write, and
-the next is asked for only after the database shows the previous one.
+A :class:`~cast_rl.envs.users.traits.Trait` (tau-trait's impatience, confusion, skepticism,
+incoherence) then reshapes replies; ``events`` records which rule and trait shaped each one.
+Randomness (traits only) comes from ``seed``; :meth:`ScriptedUser.fork` copies the whole state.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import random
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cast_rl.envs.db import Database
+from cast_rl.envs.domain import get_domain
 from cast_rl.envs.retail_tasks import (
     REASON_TEXT,
     describe_address,
@@ -52,6 +69,16 @@ from cast_rl.envs.retail_tasks import (
     describe_payment,
 )
 from cast_rl.envs.types import STOP_TOKEN, Task
+from cast_rl.envs.users.goals import (
+    Request,
+    domain_of,
+    effect_seen,
+    generic_request,
+    gold_effects,
+    identity_line,
+    information_request,
+)
+from cast_rl.envs.users.traits import Trait
 
 WRITE_TOOLS = (
     "cancel_pending_order", "modify_pending_order_address", "modify_pending_order_items",
@@ -62,7 +89,10 @@ _GIVE_UP = (
     "transfer you", "transferring you", "human agent", "cannot help", "can't help",
     "unable to help",
 )
-_IDENTITY = ("email", "zip", "your name", "full name", "verify", "identity", "authenticat")
+_IDENTITY = (
+    "email", "zip", "your name", "full name", "verify", "identity", "authenticat", "user id",
+    "customer id", "patient id", "date of birth", "phone number",
+)
 _CONFIRM = (
     "confirm", "proceed", "yes/no", "(yes", "shall i", "should i", "would you like me to",
     "do you want me to", "go ahead", "is that correct", "is this correct",
@@ -77,14 +107,9 @@ _PAYMENT_ID = re.compile(r"\b(?:credit_card|paypal|gift_card)_\d+\b")
 
 
 @dataclass
-class _Goal:
-    """One gold write: how to ask for it, its details and how to check the agent's proposal."""
+class _Goal(Request):
+    """A retail write with retail wording, and how to check the agent's proposal of it."""
 
-    name: str
-    kwargs: dict[str, Any]
-    ask: str
-    details: str
-    facts: list[tuple[str, ...]]
     allowed_ids: set[str] = field(default_factory=set)
     payment_id: str | None = None
     reason: str = ""
@@ -96,19 +121,38 @@ class _Goal:
 
 
 class ScriptedUser:
-    """Rule-based customer; see the module docstring for its rules."""
+    """Rule-based customer for every domain; see the module docstring for its rules."""
 
-    def __init__(self, max_turns: int = 20) -> None:
+    def __init__(self, max_turns: int = 20, trait: Trait | None = None, seed: int = 0) -> None:
         self.max_turns = max_turns
+        self.trait = trait or Trait()
+        self.seed = seed
+        self._rng = random.Random(seed)
         self._db: Mapping[str, Any] = {}
-        self._goals: list[_Goal] = []
+        self._goals: list[Request] = []
+        self._outputs: dict[str, bool] = {}
         self._introduced = 0
         self._turns = 0
+        self._progress_turn = 0
+        self._asked_info = False
         self._stopped = False
+        self.events: list[str] = []
+        """What shaped each reply (rule and trait), one entry per reply: for tests and reports."""
 
     def observe_db(self, db: Mapping[str, Any]) -> None:
         """Read the episode's state from ``db`` from now on (after a fork or a state swap)."""
         self._db = db
+
+    def fork(self) -> ScriptedUser:
+        """An independent copy of this user's state (goals, turn counters, random state) that
+        reads the same database until :meth:`observe_db` points it at the branch's own."""
+        child = copy.copy(self)
+        child._rng = random.Random()
+        child._rng.setstate(self._rng.getstate())
+        child._goals = [dataclasses.replace(goal) for goal in self._goals]
+        child._outputs = dict(self._outputs)
+        child.events = list(self.events)
+        return child
 
     @property
     def stopped(self) -> bool:
@@ -116,59 +160,160 @@ class ScriptedUser:
 
     async def reset(self, task: Task, db: Mapping[str, Any]) -> str:
         self._db = db
-        self._turns = 0
-        self._stopped = False
-        user = db["users"][task.user_id]
-        self._name = f"{user['name']['first_name']} {user['name']['last_name']}"
-        self._zip = user["address"]["zip"]
-        by_email = any(a.name == "find_user_id_by_email" for a in task.actions)
-        self._email = user["email"] if by_email or user["email"] in task.instruction else ""
-        self._goals = [
-            _build_goal(db, task, a.name, a.kwargs) for a in task.actions if a.name in WRITE_TOOLS
-        ]
+        self._rng = random.Random(self.seed)
+        self._turns = self._progress_turn = 0
+        self._stopped = self._asked_info = False
+        self.events = []
+        self._domain = domain_of(db)
+        self._name, self._identity, self._email = identity_line(self._domain, db, task)
+        if self._domain == "retail":
+            user = db["users"][task.user_id]
+            self._zip = user["address"]["zip"]
+            by_email = any(a.name == "find_user_id_by_email" for a in task.actions)
+            self._email = f"My email is {user['email']}." if by_email or user["email"] in task.instruction else ""
+            self._identity = f"My name is {self._name} and my zip code is {self._zip}."
+        writes = get_domain(self._domain).write_tools
+        effects = gold_effects(self._domain, db, task) if isinstance(db, Database) else None
+        self._goals = []
+        for i, action in enumerate(a for a in task.actions if a.name in writes):
+            goal = self._request(db, task, action.name, dict(action.kwargs))
+            goal.effect = effects[i] if effects is not None else None
+            self._goals.append(goal)
+        self._outputs = {out: False for out in task.outputs}
+        self._info = information_request(task.instruction)
         self._introduced = 1
-        if not self._goals:
-            return "Hi! I have a question about my account."
-        return f"Hi! {self._goals[0].ask}"
+        if self._goals:
+            opening = f"Hi! {self._goals[0].ask}"
+        elif self._outputs:
+            opening, self._asked_info = f"Hi! {self._info}", True
+        else:
+            opening = "Hi! I have a question about my account."
+        return self._shape("open", opening)
+
+    def _request(self, db: Mapping[str, Any], task: Task, name: str, kwargs: dict[str, Any]) -> Request:
+        if self._domain == "retail" and name in WRITE_TOOLS:
+            try:
+                return _build_goal(db, task, name, kwargs)
+            except (KeyError, TypeError):  # a gold write naming records that do not exist
+                pass
+        return generic_request(name, kwargs, task.user_id)
 
     async def step(self, agent_message: str) -> str:
         reply = self._reply(agent_message)
-        if reply == STOP_TOKEN:
+        if STOP_TOKEN in reply:
             self._stopped = True
         return reply
 
+    # ------------------------------------------------------------------ state
+
+    def _observe(self, agent_message: str) -> bool:
+        """Mark requests seen done and outputs heard; whether anything new happened."""
+        new = False
+        said = agent_message.lower().replace(",", "")
+        for out, heard in self._outputs.items():
+            if not heard and out.lower() in said:
+                self._outputs[out] = new = True
+        for goal in self._goals:  # in order: a later request may undo an earlier one's record
+            if goal.done or _vacuous(goal):
+                continue
+            if not self._seen(goal):
+                break
+            goal.done = new = True
+        return new
+
+    def _seen(self, goal: Request) -> bool:
+        if isinstance(goal, _Goal):
+            return _goal_done(self._db, goal)
+        return goal.effect is not None and effect_seen(self._db, goal.effect)
+
+    def _finished(self) -> bool:
+        return all(g.done or _vacuous(g) for g in self._goals) and all(self._outputs.values())
+
     def _current(self) -> int:
+        """Index of the request being pursued (len(goals): only information is missing)."""
         for i, goal in enumerate(self._goals):
-            if not _goal_done(self._db, goal):
+            if not goal.done:
                 return i
         return len(self._goals)
 
+    # ------------------------------------------------------------------ replies
+
     def _reply(self, agent_message: str) -> str:
         self._turns += 1
-        current = self._current()
+        agent_message = agent_message.replace('\\"', '"')  # quotes escaped inside JSON details
         text = agent_message.lower()
-        if current == len(self._goals) or self._turns > self.max_turns:
-            return STOP_TOKEN
+        if self._observe(agent_message):
+            self._progress_turn = self._turns
+        if self._finished() or self._turns > self.max_turns:
+            return self._say("stop", STOP_TOKEN)
         if any(word in text for word in _GIVE_UP):
-            return STOP_TOKEN
+            return self._say("stop", STOP_TOKEN)
+        if self.trait.gives_up(self._turns):
+            return self._say("trait:impatience gives up", STOP_TOKEN)
+        current = self._current()
+        if current < len(self._goals) and _vacuous(self._goals[current]) and any(w in text for w in _REFUSAL):
+            self._goals[current].done = True  # the agent explains it cannot be done: accept that
+            current = self._current()
+        if current == len(self._goals):
+            if not self._asked_info:
+                self._asked_info = True
+                return self._shape("next", f"Thank you! {self._info}")
+            return self._shape("restate", self._info)
         goal = self._goals[current]
         if current >= self._introduced:
             self._introduced = current + 1
-            return f"Thank you! {goal.ask}"
+            return self._shape("next", f"Thank you! {goal.ask}")
         names_detail = bool(
             _ORDER_ID.search(text) or _TEN_DIGITS.search(text)
-            or (goal.address_line and goal.address_line.lower() in text)
+            or (isinstance(goal, _Goal) and goal.address_line and goal.address_line.lower() in text)
         )
-        if any(w in text for w in _IDENTITY) and not names_detail:
+        if any(w in text for w in _IDENTITY) and not names_detail and not _names_fact(goal, text):
             if "email" in text and self._email:
-                return f"My email is {self._email}."
-            return f"My name is {self._name} and my zip code is {self._zip}."
+                return self._shape("identity", self._email)
+            return self._shape("identity", self._identity)
         if any(w in text for w in _CONFIRM) and (
-            names_detail or any(w in text for w in _ACTION_WORDS)
+            names_detail or any(w in text for w in _ACTION_WORDS) or _names_fact(goal, text)
+            or goal.name in text or _humanize_name(goal.name) in text
         ):
-            if _proposal_matches(goal, agent_message):
-                return "Yes, please go ahead."
-            return f"No, that is not what I want. {goal.details}"
+            match = next((g for g in self._goals[current:] if not g.done and _proposal_matches(g, agent_message)), None)
+            if match is None:
+                return self._shape("refuse", f"No, that is not what I want. {goal.details}")
+            reply = self._shape("confirm", "Yes, please go ahead.")
+            if reply.startswith("Yes") and _vacuous(match):
+                match.done = True  # nothing to see afterwards: agreeing settles it
+            return reply
+        answer = _detail_answer(goal, text)
+        return self._shape("detail" if answer else "restate", answer or goal.details)
+
+    def _shape(self, kind: str, reply: str) -> str:
+        shaped, note = self.trait.shape(kind, reply, self._rng)
+        self.events.append(f"{kind}{' ' + note if note else ''}")
+        return shaped
+
+    def _say(self, kind: str, reply: str) -> str:
+        self.events.append(kind)
+        return reply
+
+
+_REFUSAL = ("cannot", "can't", "unable", "not possible", "not able", "not eligible")
+
+
+def _humanize_name(name: str) -> str:
+    return name.replace("_", " ")
+
+
+def _vacuous(goal: Request) -> bool:
+    """The gold write changes nothing (it fails in the source): nothing to wait for."""
+    return goal.effect is not None and not goal.effect
+
+
+def _names_fact(goal: Request, text: str) -> bool:
+    """Whether the message names one of the request's distinctive values (ids, codes, dates)."""
+    return any(_mentions(text, alt.lower()) for alts in goal.facts for alt in alts if len(alt) >= 4)
+
+
+def _detail_answer(goal: Request, text: str) -> str:
+    if isinstance(goal, _Goal):
         if "reason" in text and goal.reason:
             return goal.reason
         if "address" in text and goal.address:
@@ -179,7 +324,8 @@ class ScriptedUser:
             return goal.order_ref
         if any(w in text for w in ("item", "which", "option", "variant")) and goal.items:
             return goal.items
-        return goal.details
+        return ""
+    return " ".join(answer for key, answer in goal.answers.items() if key in text)
 
 
 def _order_ref(db: Mapping[str, Any], order_id: str, instruction: str) -> tuple[str, str]:
@@ -211,7 +357,7 @@ def _build_goal(db: Mapping[str, Any], task: Task, name: str, kwargs: dict[str, 
     ref, answer = _order_ref(db, order_id, task.instruction)
     facts: list[tuple[str, ...]] = [(order_id, order_id.lstrip("#"))]
     digits = order_id.lstrip("#").lower().lstrip("w")  # what _ORDER_ID captures
-    goal = _Goal(name, kwargs, "", "", facts, {digits}, order_ref=answer)
+    goal = _Goal(name, kwargs, "", "", facts, allowed_ids={digits}, order_ref=answer)
     method = None
     if "payment_method_id" in kwargs:
         method = db["users"][order["user_id"]]["payment_methods"].get(kwargs["payment_method_id"])
@@ -265,12 +411,14 @@ def _build_goal(db: Mapping[str, Any], task: Task, name: str, kwargs: dict[str, 
     return goal
 
 
-def _proposal_matches(goal: _Goal, message: str) -> bool:
-    """Every expected detail is named and no other order, item or payment-method id is."""
+def _proposal_matches(goal: Request, message: str) -> bool:
+    """Every expected detail is named and (retail) no other order, item or payment-method id is."""
     text = message.lower()
     for alternatives in goal.facts:
         if not any(_mentions(text, alt.lower()) for alt in alternatives):
             return False
+    if not isinstance(goal, _Goal):
+        return True
     ids = _ORDER_ID.findall(text) if goal.name != "modify_user_address" else []
     if goal.name in _ITEM_TOOLS:
         ids += _TEN_DIGITS.findall(text)
