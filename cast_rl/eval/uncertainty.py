@@ -187,3 +187,17 @@ def interval_metadata() -> dict[str, Any]:
         "mdd": f"minimum detectable difference: two-sided test at the {1 - CONFIDENCE:.0%} level "
                f"with {POWER:.0%} power",
     }
+
+
+def stage_comparisons(configurations: list[dict[str, Any]], later: str = "after", earlier: str = "before",
+                      ) -> list[dict[str, Any]]:
+    """Each ``later`` configuration minus the ``earlier`` one of the same name (``after_no_critic``
+    minus ``before_no_critic``, ...), as the pipeline report names them."""
+    by_name = {c["name"]: c for c in configurations}
+    out = []
+    for c in configurations:
+        if c.get("stage") == later:
+            base = by_name.get(earlier + c["name"].removeprefix(later))
+            if base is not None:
+                out += compare_configurations(c, base, f"{later} - {earlier}")
+    return out
