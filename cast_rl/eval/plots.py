@@ -36,11 +36,11 @@ def write_plots(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
 def plot_passk_vs_k(report: dict[str, Any], group: str, path: Path) -> Path:
     """pass^k against k for one domain/split, one line per configuration."""
     fig, ax = _figure()
-    for config in report["configurations"]:
-        if group not in config["groups"]:
-            continue
+    present = [c for c in report["configurations"] if group in c["groups"]]
+    for i, config in enumerate(present):
         table = config["groups"][group]["pass^k"]
-        ks, values = [_k(name) for name in table], list(table.values())
+        dodge = (i - (len(present) - 1) / 2) * 0.04  # side by side, so the bars do not hide each other
+        ks, values = [_k(name) + dodge for name in table], list(table.values())
         cis = config["groups"][group].get("pass^k_ci")
         if cis:
             yerr = [[v - cis[name][0] for name, v in table.items()], [cis[name][1] - v for name, v in table.items()]]
@@ -69,7 +69,7 @@ def plot_passk_vs_budget(report: dict[str, Any], group: str, path: Path) -> Path
             ax.fill_between(budgets, [ci[0] for ci in cis], [ci[1] for ci in cis], color=line.get_color(), alpha=0.15)
     ax.set_xlabel("verification budget B (0: no critic)")
     ax.set_ylabel("pass^k")
-    ax.set_title(f"pass^k against verification budget ({group}; bands: 95% interval)")
+    ax.set_title(f"pass^k against budget ({group}; bands: 95% interval)")
     ax.set_xticks(budgets)
     return _save(fig, ax, path)
 
