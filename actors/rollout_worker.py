@@ -10,7 +10,7 @@ from typing import Any
 
 import ray
 
-from cast_rl.config.schema import CastConfig
+from cast_rl.config.schema import CastConfig, CriticConfig
 from cast_rl.rollout.trajectory import Trajectory
 
 
@@ -39,6 +39,9 @@ class RolloutWorkerActor:
     def set_verification_budget(self, budget: int) -> int:
         self.worker.set_verification_budget(budget)
         return budget
+
+    async def set_critic(self, critic: CriticConfig) -> str:
+        return await self.worker.set_critic(critic)
 
     def pause(self) -> None:
         self.worker.pause()

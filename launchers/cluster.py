@@ -60,10 +60,12 @@ def _requests(cfg: CastConfig, parts: Iterable[str]) -> list[_Request]:
                 "CPU": (lr.num_cpus_per_worker, "learner.num_cpus_per_worker"),
                 "GPU": (lr.num_gpus_per_worker, "learner.num_gpus_per_worker"),
             }))
-        elif cfg.critic.backend == "model":  # a rule critic actor takes no CPU
-            # actors/critic_service.py: one CPU per model-critic replica
-            out.append(_Request(part, cfg.critic.num_replicas, "critic.num_replicas", {
-                "CPU": (1.0, "critic.backend=model (1 CPU per replica)"),
+        elif cfg.critic.backend != "rule":  # a rule critic actor takes no CPU
+            # actors/critic_service.py: one CPU per model-critic replica, and its GPUs
+            c = cfg.critic
+            out.append(_Request(part, c.num_replicas, "critic.num_replicas", {
+                "CPU": (1.0, f"critic.backend={c.backend} (1 CPU per replica)"),
+                "GPU": (c.num_gpus_per_replica, "critic.num_gpus_per_replica"),
             }))
     return out
 

@@ -76,7 +76,13 @@ def run_eval(cfg: CastConfig, out_dir: str | Path, group: Any = None) -> dict[st
 
     out_dir = Path(out_dir)
     budgets, n = eval_budgets(cfg), eval_trials(cfg)
-    runs = {b: EvalRun(b, [], critiques=0) for b in budgets}
+    if group is None:  # a standalone run serves what the pipeline's later stages would
+        from cast_rl.pipeline.context import resolve_critic
+
+        cfg = replace(cfg, critic=resolve_critic(cfg))
+    from cast_rl.critique.service import critic_description
+
+    runs = {b: EvalRun(b, [], critiques=0, critic=critic_description(cfg.critic), unparsable=0) for b in budgets}
     paths = {b: out_dir / "trajectories" / f"{run.name}.jsonl" for b, run in runs.items()}
     for path in paths.values():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,7 +122,7 @@ def _collect_domain(
     try:
         for budget, run in runs.items():
             group.set_verification_budget(budget)
-            before = group.metrics().get("rollout/critiques", 0)
+            before = group.metrics()
             with tqdm(total=len(units), desc=f"eval {cfg.env.domain} {run.label}", unit="episode") as bar:
 
                 def on_done(traj: Trajectory, path: Path = paths[budget]) -> None:
@@ -125,7 +131,10 @@ def _collect_domain(
 
                 run.trajectories += group.collect(units, on_done=on_done)
             # a restarted worker's counters start again from zero: then this undercounts
-            run.critiques = (run.critiques or 0) + max(0, int(group.metrics().get("rollout/critiques", 0) - before))
+            after = group.metrics()
+            counted = {k: max(0, int(after.get(k, 0) - before.get(k, 0))) for k in ("rollout/critiques", "rollout/critic_unparsable")}
+            run.critiques = (run.critiques or 0) + counted["rollout/critiques"]
+            run.unparsable = (run.unparsable or 0) + counted["rollout/critic_unparsable"]
     finally:
         if owned:
             group.shutdown()

@@ -64,6 +64,7 @@ def run_pipeline(cfg: CastConfig) -> dict[str, Any]:
         ctx.root,
         ctx.stage_dir("eval_before") / "report.json" if "eval_before" in summaries else None,
         ctx.stage_dir("eval_after") / "report.json" if "eval_after" in summaries else None,
+        ctx.stage_dir("train_critic") / "heldout_metrics.json" if "train_critic" in summaries else None,
     )
     result = {
         "run_dir": str(ctx.root),

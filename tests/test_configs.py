@@ -110,4 +110,5 @@ def test_paper_gpu_layouts_fit_their_nodes(name: str, gpus: int) -> None:
     assert need["learner"] >= 4 and need["rollout"] >= 2, need
     assert cfg.policy.path.startswith("/models/Qwen3-")
     assert cfg.eval.domains == ["retail", "airline", "telecom", "telehealth"]
-    assert cfg.critic.backend == "model" and cfg.teacher.enabled
+    assert cfg.critic.backend == "trained" and cfg.critic.num_gpus_per_replica == 1 and cfg.teacher.enabled
+    assert need["critic"] == cfg.critic.num_replicas  # the critic actors ask Ray for their GPUs

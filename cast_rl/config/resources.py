@@ -12,11 +12,11 @@ from cast_rl.config.schema import CastConfig
 
 
 def gpus_required(cfg: CastConfig) -> dict[str, float]:
-    critic = cfg.critic.num_replicas * cfg.critic.inference.tensor_parallel_size
+    critic = cfg.critic.num_replicas * cfg.critic.num_gpus_per_replica
     teacher_on_gpus = cfg.teacher.enabled and cfg.teacher.inference.backend == "vllm"
     need = {
         "rollout": cfg.rollout.num_workers * cfg.rollout.num_gpus_per_worker,
-        "critic": float(critic if cfg.critic.backend == "model" else 0),
+        "critic": float(critic if cfg.critic.backend != "rule" else 0),
         "learner": cfg.learner.num_workers * cfg.learner.num_gpus_per_worker,
         "teacher": float(cfg.teacher.inference.tensor_parallel_size if teacher_on_gpus else 0),
     }

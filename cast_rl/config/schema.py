@@ -167,13 +167,21 @@ class CriticConfig:
     """The critic that checks actions before they run."""
 
     backend: str = "rule"
-    """rule (visible-information rules) or model (a trained critic LLM)."""
+    """rule (visible-information rules), model (the critic LLM at model.path) or trained (in the
+    pipeline: the critic trained by stage train_critic, <run_dir>/05_train_critic/model, from
+    model.path; stages that run before it is trained use the rule critic)."""
     model: ModelConfig = field(default_factory=lambda: ModelConfig(path="runs/models/tiny-critic"))
-    """For backend=model: the critic model."""
+    """For backend=model: the critic model; for trained: the base model stage train_critic trains."""
     inference: InferenceConfig = field(
         default_factory=lambda: InferenceConfig(temperature=0.0, max_new_tokens=128)
     )
-    """For backend=model: the engine serving the critic."""
+    """For backend=model or trained: the engine serving the critic."""
+    on_unparsable: str = "allow"
+    """What an answer the critic's output could not be read as does to the proposal: allow (it
+    runs, as with no critic) or reject (sent back for revision like an invalid verdict). Either
+    way it is counted (rollout/critic_unparsable)."""
+    num_gpus_per_replica: float = 0.0
+    """Ray GPUs per critic-service actor of backend=model or trained (set it on GPU clusters)."""
     verification_budget: int = 0
     """Critique-revise rounds per action (0 turns the critic off in rollouts)."""
     num_replicas: int = 1
@@ -188,7 +196,9 @@ class CriticConfig:
     counts against max_retries); keep it above critic.inference.request_timeout_s."""
 
     def __post_init__(self) -> None:
-        _check_choice("critic.backend", self.backend, ("rule", "model"))
+        _check_choice("critic.backend", self.backend, ("rule", "model", "trained"))
+        _check_choice("critic.on_unparsable", self.on_unparsable, ("allow", "reject"))
+        _check_positive("critic.num_gpus_per_replica", self.num_gpus_per_replica, allow_zero=True)
         _check_positive("critic.verification_budget", self.verification_budget, allow_zero=True)
         _check_positive("critic.num_replicas", self.num_replicas)
         _check_positive("critic.max_retries", self.max_retries, allow_zero=True)
@@ -515,6 +525,9 @@ class PipelineConfig:
     """Learning rate of the warm-start (a tiny random model needs a large one)."""
     critic_lr: float = 1e-4
     """Learning rate of critic training."""
+    critic_heldout_eval: list[str] = field(default_factory=lambda: ["rule", "base", "trained"])
+    """Critics measured on the held-out critic split after train_critic (rule: the rule critic;
+    base: critic.model untrained; trained: the stage's model); empty skips the measurement."""
 
     def __post_init__(self) -> None:
         for stage in self.stages:
@@ -527,6 +540,8 @@ class PipelineConfig:
         _check_positive("pipeline.sft_steps", self.sft_steps, allow_zero=True)
         _check_positive("pipeline.warmstart_lr", self.warmstart_lr)
         _check_positive("pipeline.critic_lr", self.critic_lr)
+        for critic in self.critic_heldout_eval:
+            _check_choice("pipeline.critic_heldout_eval[]", critic, ("rule", "base", "trained"))
 
 
 @dataclass(frozen=True)
@@ -569,6 +584,11 @@ class CastConfig:
     def __post_init__(self) -> None:
         if not self.run_dir:
             raise ValueError("run_dir='' is not allowed; give a directory for the run's outputs")
+        if self.critic.backend == "trained" and self.pipeline.critic_train_steps == 0:
+            raise ValueError(
+                "critic.backend='trained' is not allowed with pipeline.critic_train_steps=0: no critic "
+                "is trained; set pipeline.critic_train_steps > 0 or choose critic.backend=rule or model"
+            )
         n = self.eval.trials or self.rollout.trials_per_task
         if self.eval.k_values and max(self.eval.k_values) > n:
             raise ValueError(

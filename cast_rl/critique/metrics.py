@@ -11,6 +11,10 @@ and predicted ``(verdict, error_type)``:
 * ``critic/unparsable_rate``: answers it could not give (never counted as valid: an unparsable
   answer on an invalid action is a miss, on a valid one neither a false nor a true positive).
 
+:func:`evaluate_verifier` adds, over the critiques it could read, ``critic/leakage_rate``: those
+whose rationale cites or names what the agent could not see at that step (the partial-observability
+check of :func:`cast_rl.critique.rationale.leakage_problems` the labeller applies to its own).
+
 Verification rounds (:func:`verification_metrics`), from the ``verification_rounds`` of rollout
 trajectories (a round is recorded only for an invalid critique): ``critic/correction_rate`` is the
 share of criticised proposals with a revision whose revision became valid: a revision the next
@@ -60,15 +64,41 @@ def detection_metrics(
 
 
 async def evaluate_verifier(
-    verifier: Verifier, rows: list[tuple[VerifyRequest, str, str]], batch_size: int = 32
+    verifier: Verifier,
+    rows: list[tuple[VerifyRequest, str, str]],
+    batch_size: int = 32,
+    tools: dict[str, list[dict[str, Any]]] | None = None,
 ) -> dict[str, float]:
-    """Detection metrics of a verifier on (request, true verdict, true type) rows."""
+    """Detection metrics and the leakage rate of a verifier on (request, true verdict, true type)
+    rows (``tools``: domain -> tool schemas, part of what the agent sees)."""
     predicted: list[tuple[str, str]] = []
+    parsed = leaky = 0
     for start in range(0, len(rows), batch_size):
         batch = rows[start : start + batch_size]
         critiques = await verifier.verify([r for r, _, _ in batch])
+        if len(critiques) != len(batch):
+            raise RuntimeError(f"the verifier answered {len(critiques)} of {len(batch)} requests")
         predicted += [(c.verdict, c.error_type) for c in critiques]
-    return detection_metrics([(v, t) for _, v, t in rows], predicted)
+        for (request, _, _), critique in zip(batch, critiques):
+            if critique.verdict in ("valid", "invalid") and not critique.unparsable:
+                parsed += 1
+                leaky += bool(rationale_leakage(critique.rationale, request, (tools or {}).get(request.domain, [])))
+    out = detection_metrics([(v, t) for _, v, t in rows], predicted)
+    out["critic/leakage_rate"] = leaky / parsed if parsed else 0.0
+    return out
+
+
+def rationale_leakage(
+    rationale: dict[str, Any], request: VerifyRequest, tools: list[dict[str, Any]] | None = None
+) -> list[str]:
+    """Why a critique's rationale says more than the agent could see when it proposed the action."""
+    from cast_rl.critique.context import ActionRef, Visible
+    from cast_rl.critique.rationale import Rationale, leakage_problems
+
+    proposal = request.proposal
+    action = ActionRef(len(request.messages), 0, str(proposal.get("name", "")), dict(proposal.get("kwargs") or {}))
+    return leakage_problems(Rationale.from_json(rationale), Visible(request.policy, request.messages, tools or []), action)
+
 
 
 def _same(a: Any, b: Any) -> bool:

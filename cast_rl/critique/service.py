@@ -3,8 +3,9 @@
 :class:`CriticService` is the library object the Ray actor (``actors/critic_service.py``) wraps:
 ``await service.critique(requests) -> critiques`` over one :class:`Verifier` backend chosen by
 ``critic.backend`` (``rule``: visible-information rules; ``model``: a critic LLM through an
-:class:`~cast_rl.inference.base.InferenceEngine`).  It counts what it answered, unparsable answers
-apart.
+:class:`~cast_rl.inference.base.InferenceEngine`; ``trained``: the same over the critic the
+pipeline trained, whose directory the pipeline puts in ``critic.model.path``).  It counts what it
+answered, unparsable answers apart, and says which critic it serves (:meth:`CriticService.describe`).
 
 :class:`CriticServiceClient` is what rollout workers hold: a :class:`Verifier` that sends each
 batch to one of the service actors (round robin) and, when an actor dies or is unavailable,
@@ -40,8 +41,15 @@ def _rule(cfg: CriticConfig, tools: dict[str, list[dict[str, Any]]] | None, engi
 
 
 def _model(cfg: CriticConfig, tools: dict[str, list[dict[str, Any]]] | None, engine: Any) -> Verifier:
+    from pathlib import Path
+
     from cast_rl.inference.base import Sampling
 
+    if cfg.backend == "trained" and engine is None and not (Path(cfg.model.path) / "config.json").exists():
+        raise FileNotFoundError(
+            f"critic.backend=trained: no trained critic at critic.model.path={cfg.model.path!r}; the "
+            "pipeline serves <run_dir>/05_train_critic/model once stage train_critic has run"
+        )
     if engine is None:
         from cast_rl.inference import build_engine
 
@@ -52,10 +60,12 @@ def _model(cfg: CriticConfig, tools: dict[str, list[dict[str, Any]]] | None, eng
         top_p=cfg.inference.top_p,
         logprobs=False,
     )
-    return ModelVerifier(engine, sampling)
+    return ModelVerifier(engine, sampling, name=cfg.model.path)
 
 
-BACKENDS: dict[str, Callable[[CriticConfig, Any, Any], Verifier]] = {"rule": _rule, "model": _model}
+BACKENDS: dict[str, Callable[[CriticConfig, Any, Any], Verifier]] = {
+    "rule": _rule, "model": _model, "trained": _model,
+}
 
 
 def build_verifier(
@@ -69,6 +79,11 @@ def build_verifier(
     return BACKENDS[cfg.backend](cfg, tools, engine)
 
 
+def critic_description(cfg: CriticConfig) -> str:
+    """What reports call a critic: ``rule``, or ``<backend>:<model directory>``."""
+    return "rule" if cfg.backend == "rule" else f"{cfg.backend}:{cfg.model.path}"
+
+
 def as_request(obj: VerifyRequest | dict[str, Any]) -> VerifyRequest:
     return obj if isinstance(obj, VerifyRequest) else VerifyRequest(**obj)
 
@@ -76,9 +91,22 @@ def as_request(obj: VerifyRequest | dict[str, Any]) -> VerifyRequest:
 class CriticService:
     """Batched critiques from one verifier backend, with counts for the metrics logger."""
 
-    def __init__(self, verifier: Verifier) -> None:
+    def __init__(self, verifier: Verifier, cfg: CriticConfig | None = None) -> None:
         self.verifier = verifier
+        self.cfg = cfg
         self.counts: Counter[str] = Counter()
+
+    def describe(self) -> dict[str, str]:
+        """Which critic this service serves: its backend and (model critics) its model directory."""
+        if self.cfg is None:
+            return {"backend": type(self.verifier).__name__, "model": ""}
+        return {"backend": self.cfg.backend, "model": "" if self.cfg.backend == "rule" else self.cfg.model.path}
+
+    async def close(self) -> None:
+        """Shut a model critic's engine down; a rule critic holds nothing."""
+        close = getattr(self.verifier, "close", None)
+        if close is not None:
+            await close()
 
     async def critique(self, requests: list[VerifyRequest | dict[str, Any]]) -> list[Critique]:
         batch = [as_request(r) for r in requests]
@@ -175,6 +203,18 @@ class CriticServiceClient:
                         self.handles[slot] = self.respawn(slot)
                     except Exception as respawn_exc:  # keep failing over to the others
                         logger.warning("could not restart critic actor %d: %s", slot, respawn_exc)
+
+
+    async def close(self) -> None:
+        """Close the critic actors' engines and end the actors (when the run switches critic)."""
+        import ray
+
+        for handle in self.handles:
+            try:
+                await asyncio.wait_for(_awaitable(handle.close.remote()), 60)
+                ray.kill(handle)
+            except (asyncio.TimeoutError, *self.retry_on) as exc:  # already gone, or another worker closed it
+                logger.info("critic actor was not closed cleanly: %s", exc)
 
 
 async def _awaitable(ref: Any) -> Any:

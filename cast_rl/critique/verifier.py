@@ -13,7 +13,8 @@ service in :mod:`cast_rl.critique.service`.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,11 @@ class Critique:
     suggested_fix)."""
     text: str = ""
     """What the policy is shown."""
+    critic: str = ""
+    """Which critic answered: ``rule``, or the model directory of a model critic."""
+    unparsable: bool = False
+    """The critic's answer could not be read and ``critic.on_unparsable=reject`` turned it into
+    this ``invalid`` critique (see :class:`GuardedVerifier`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +62,8 @@ class Critique:
             "error_type": self.error_type,
             "rationale": self.rationale,
             "text": self.text,
+            "critic": self.critic,
+            "unparsable": self.unparsable,
         }
 
 
@@ -96,7 +104,8 @@ class RuleVerifier:
             rationale.explanation = f"The action is judged {rationale.error_type}."
             rationale.suggested_fix = ""
         return Critique(
-            rationale.verdict, rationale.error_type, rationale.to_json(), format_critique(rationale)
+            rationale.verdict, rationale.error_type, rationale.to_json(), format_critique(rationale),
+            critic="rule",
         )
 
 
@@ -104,15 +113,19 @@ class ModelVerifier:
     """Critiques written by a critic model behind an :class:`InferenceEngine`.
 
     The answer is parsed into the rationale schema; an answer that does not follow the format
-    (or a failed generation) is reported with verdict ``unparsable``, never as valid.
+    (or a failed generation) is reported with verdict ``unparsable``, never as valid.  Every
+    critique names the critic that wrote it (``name``: default the engine's model directory).
     """
 
-    def __init__(self, engine: Any, sampling: Any = None, max_prompt_chars: int = 24_000) -> None:
+    def __init__(
+        self, engine: Any, sampling: Any = None, max_prompt_chars: int = 24_000, name: str = ""
+    ) -> None:
         from cast_rl.inference.base import Sampling
 
         self.engine = engine
         self.sampling = sampling or Sampling(max_new_tokens=256, temperature=0.0, logprobs=False)
         self.max_prompt_chars = max_prompt_chars
+        self.name = name or str(getattr(engine, "model_path", "model"))
 
     async def verify(self, requests: list[VerifyRequest]) -> list[Critique]:
         import asyncio
@@ -126,7 +139,11 @@ class ModelVerifier:
             ),
             return_exceptions=True,
         )
-        return [self.parse(r) for r in results]
+        return [replace(self.parse(r), critic=self.name) for r in results]
+
+    async def close(self) -> None:
+        """Shut the critic's engine down (its processes and memory)."""
+        await self.engine.close()
 
     @staticmethod
     def parse(result: Any) -> Critique:
@@ -143,3 +160,45 @@ class ModelVerifier:
         return Critique(
             rationale.verdict, rationale.error_type, rationale.to_json(), format_critique(rationale)
         )
+
+
+UNPARSABLE_TEXT = (
+    "The critic could not judge this action (its answer was unreadable). Check the action against "
+    "the policy and what you were told, then propose it again or a corrected one."
+)
+"""What the policy is shown for an unparsable answer under ``critic.on_unparsable=reject``."""
+
+
+class GuardedVerifier:
+    """The verifier rollout workers consult: counts every answer and applies ``on_unparsable``.
+
+    ``counts`` (shared with the worker's metrics) gets ``answers`` and ``unparsable``.  With
+    ``on_unparsable="allow"`` an unparsable critique passes through (the runner lets the action
+    run); with ``"reject"`` it becomes an ``invalid`` critique marked ``unparsable=True`` with
+    :data:`UNPARSABLE_TEXT`, so the proposal goes back for revision and the round is recorded.
+    """
+
+    def __init__(self, inner: Verifier, on_unparsable: str = "allow", counts: Counter[str] | None = None) -> None:
+        if on_unparsable not in ("allow", "reject"):
+            raise ValueError(f"critic.on_unparsable={on_unparsable!r} is not allowed; choose allow or reject")
+        self.inner = inner
+        self.on_unparsable = on_unparsable
+        self.counts: Counter[str] = counts if counts is not None else Counter()
+
+    async def verify(self, requests: list[VerifyRequest]) -> list[Critique]:
+        critiques = await self.inner.verify(requests)
+        self.counts["answers"] += len(critiques)
+        out = []
+        for c in critiques:
+            if c.verdict == "unparsable":
+                self.counts["unparsable"] += 1
+                logger.debug("unparsable critique from %s (critic.on_unparsable=%s)", c.critic, self.on_unparsable)
+                if self.on_unparsable == "reject":
+                    c = replace(c, verdict="invalid", text=UNPARSABLE_TEXT, unparsable=True)
+            out.append(c)
+        return out
+
+    async def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            await close()

@@ -11,6 +11,10 @@ the current action, and records a round only when the verdict is ``invalid`` (a 
   (revisions that became valid; proposals repeated unchanged after a critique).  With a judge,
   a revision no later round checked (the budget ran out, or the critic let it pass) is judged
   by it, and a malformed revision counts as not corrected;
+- ``unparsable``: critic answers that could not be read (from the rollout workers' counters,
+  None when the caller has none); ``unparsable_rate`` = unparsable / critiques.  Under
+  ``critic.on_unparsable=allow`` such an action runs as if unchecked; under ``reject`` it is sent
+  back like a flag (its round's critique has ``unparsable: true``);
 - ``false_positive_rate``: valid actions the critic called invalid, over the valid actions it
   checked (:func:`cast_rl.critique.metrics.detection_metrics`), where a judge with privileged
   information (the action labeller: gold actions and the environment) says what is valid.
@@ -32,7 +36,11 @@ Judge = Callable[[Trajectory], dict[int, tuple[str, str]]]
 
 
 def critic_metrics(
-    trajectories: list[Trajectory], budget: int, critiques: int | None = None, judge: Judge | None = None
+    trajectories: list[Trajectory],
+    budget: int,
+    critiques: int | None = None,
+    judge: Judge | None = None,
+    unparsable: int | None = None,
 ) -> dict[str, float | int | None]:
     """The metrics of the module docstring for trajectories run at verification budget ``budget``."""
     flags = sum(len(t.verification_rounds) for t in trajectories)
@@ -57,6 +65,8 @@ def critic_metrics(
         "correction_rate": rounds["critic/correction_rate"] if flags else None,
         "resistance": rounds["critic/resistance"] if flags else None,
         "false_positive_rate": false_positive_rate,
+        "unparsable": unparsable,
+        "unparsable_rate": unparsable / critiques if unparsable is not None and critiques else None,
     }
 
 

@@ -21,6 +21,7 @@ JSON report schema (``schema_version`` 1)::
           "name": "critic_b1",                   # no_critic, critic_b1, critic_b2, ...
           "label": "critic B=1",                 # what tables and legends show
           "verification_budget": 1,              # 0: no critic
+          "critic_used": "rule",                 # rule | <backend>:<model dir> ("" without critic)
           "episodes": 96,                        # trajectories (tasks x trials)
           "groups": {                            # one per domain/split
             "retail/test": {
@@ -34,7 +35,8 @@ JSON report schema (``schema_version`` 1)::
           "critic": {                            # see cast_rl.eval.critic
             "critiques": 310 | null, "flags": 42, "flags_per_episode": 0.44,
             "flag_rate": 0.14 | null, "correction_rate": 0.6 | null,
-            "resistance": 0.2 | null, "false_positive_rate": 0.1 | null
+            "resistance": 0.2 | null, "false_positive_rate": 0.1 | null,
+            "unparsable": 0 | null, "unparsable_rate": 0.0 | null
           },
           "cost": {                              # means over episodes (one trial of one task)
             "policy_tokens": 812.5,              # tokens the policy generated
@@ -76,6 +78,10 @@ class EvalRun:
     trajectories: list[Trajectory]
     critiques: int | None = None
     """Verifier calls made while collecting (from the rollout workers), if known."""
+    critic: str = ""
+    """Which critic ran in the loop (``rule``, ``trained:<dir>``, ...; empty: not recorded)."""
+    unparsable: int | None = None
+    """Critic answers that could not be read (from the rollout workers), if known."""
 
     @property
     def name(self) -> str:
@@ -85,7 +91,9 @@ class EvalRun:
     @property
     def label(self) -> str:
         b = self.verification_budget
-        return "no critic" if b == 0 else f"critic B={b}"
+        if b == 0:
+            return "no critic"
+        return f"critic B={b} ({self.critic.split(':')[0]})" if self.critic else f"critic B={b}"
 
 
 def build_report(runs: list[EvalRun], k_values: list[int] | None = None, judge: Judge | None = None) -> dict[str, Any]:
@@ -121,9 +129,10 @@ def _configuration(run: EvalRun, k_values: list[int] | None, judge: Judge | None
         "name": run.name,
         "label": run.label,
         "verification_budget": run.verification_budget,
+        "critic_used": run.critic if run.verification_budget else "",
         "episodes": len(run.trajectories),
         "groups": groups,
-        "critic": critic_metrics(run.trajectories, run.verification_budget, run.critiques, judge),
+        "critic": critic_metrics(run.trajectories, run.verification_budget, run.critiques, judge, run.unparsable),
         "cost": _cost(run.trajectories),
     }
 
@@ -167,10 +176,11 @@ def render_markdown(report: dict[str, Any], plots: list[Path] | None = None, bas
     ]
     lines += _table(
         ["configuration", "critiques", "flags", "flag rate", "correction rate", "resistance",
-         "false-positive rate", "policy tokens", "prompt tokens", "wall s"],
+         "false-positive rate", "unparsable", "policy tokens", "prompt tokens", "wall s"],
         [
             [c["label"], c["critic"]["critiques"], c["critic"]["flags"], c["critic"]["flag_rate"],
              c["critic"]["correction_rate"], c["critic"]["resistance"], c["critic"]["false_positive_rate"],
+             c["critic"].get("unparsable"),
              *(f"{c['cost'][key]:.1f}" for key in ("policy_tokens", "prompt_tokens", "wall_s"))]
             for c in configs
         ],

@@ -5,6 +5,11 @@ summary; a stage whose ``DONE.json`` exists is skipped, so a run resumes where i
 stage reruns when its directory is removed.  Starting vLLM engines is the expensive part, so one
 rollout group serves every stage that generates (evaluation, collection, GRPO) and follows the
 policy through weight updates.
+
+The critic a stage uses is :meth:`PipelineContext.critic_config`: ``critic.backend=rule`` or
+``model`` as configured; with ``trained``, the model ``05_train_critic`` saved once it exists
+(stages 06 and later), and the rule critic before that (``01_eval_before`` runs before any critic
+is trained).  The rollout group is switched to it whenever a stage asks for the group.
 """
 
 from __future__ import annotations
@@ -17,10 +22,34 @@ from pathlib import Path
 from typing import Any
 
 from cast_rl.config import to_dict
-from cast_rl.config.schema import PIPELINE_STAGES, CastConfig
+from cast_rl.config.schema import PIPELINE_STAGES, CastConfig, CriticConfig
 from cast_rl.envs.core import DomainData
 
 logger = logging.getLogger(__name__)
+
+
+def stage_dir(cfg: CastConfig, stage: str) -> Path:
+    """``<run_dir>/<NN>_<stage>``."""
+    return Path(cfg.run_dir) / f"{PIPELINE_STAGES.index(stage):02d}_{stage}"
+
+
+def trained_critic_path(cfg: CastConfig) -> Path:
+    """Where ``05_train_critic`` saves the critic it trains."""
+    return stage_dir(cfg, "train_critic") / "model"
+
+
+def resolve_critic(cfg: CastConfig) -> CriticConfig:
+    """The critic to serve now (module docstring): for ``critic.backend=trained``, the model
+    ``05_train_critic`` saved once it exists (``critic.model.path`` then points at it), else the
+    rule critic; other backends as configured."""
+    critic = cfg.critic
+    if critic.backend != "trained":
+        return critic
+    trained = trained_critic_path(cfg)
+    if not (trained / "config.json").exists():
+        return dataclasses.replace(critic, backend="rule")
+    model = dataclasses.replace(critic.model, path=str(trained), make_tiny_if_missing=False)
+    return dataclasses.replace(critic, model=model)
 
 
 class PipelineContext:
@@ -39,7 +68,7 @@ class PipelineContext:
         (self.root / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
 
     def stage_dir(self, stage: str) -> Path:
-        return self.root / f"{PIPELINE_STAGES.index(stage):02d}_{stage}"
+        return stage_dir(self.cfg, stage)
 
     def done(self, stage: str) -> dict[str, Any] | None:
         marker = self.stage_dir(stage) / "DONE.json"
@@ -57,12 +86,18 @@ class PipelineContext:
         (self.stage_dir(stage) / "DONE.json").write_text(json.dumps(summary, indent=2))
         return summary
 
+    def critic_config(self) -> CriticConfig:
+        """The critic stages use now: :func:`resolve_critic` of the run's config."""
+        return resolve_critic(self.cfg)
+
     def with_policy(self, cfg: CastConfig | None = None) -> CastConfig:
-        """A config whose policy is the current one (and the pipeline's W&B group)."""
+        """A config whose policy is the current one, whose critic is :meth:`critic_config` (and
+        the pipeline's W&B group)."""
         cfg = cfg or self.cfg
         return dataclasses.replace(
             cfg,
             policy=dataclasses.replace(cfg.policy, path=str(self.policy_path)),
+            critic=dataclasses.replace(self.critic_config(), verification_budget=cfg.critic.verification_budget),
             logging=dataclasses.replace(cfg.logging, group=self.group_name),
         )
 
@@ -75,11 +110,18 @@ class PipelineContext:
         return dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, split=pipe.train_split, task_indices=indices))
 
     def rollout_group(self) -> Any:
-        """The shared rollout group, started on first use with the current policy."""
+        """The shared rollout group, started on first use with the current policy, consulting
+        the current critic (:meth:`critic_config`)."""
         if self._group is None:
             from cast_rl.rollout.group import RolloutGroup
 
             self._group = RolloutGroup(self.with_policy())
+        critic = self.with_policy().critic
+        if self._group.critic != critic:
+            from cast_rl.critique.service import critic_description
+
+            logger.info("rollout group: critic is now %s", critic_description(critic))
+            self._group.set_critic(critic)
         return self._group
 
     def sync_policy(self, version: int, state_ref: Any, checksum: str) -> None:

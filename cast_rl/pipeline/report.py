@@ -3,7 +3,11 @@
 It merges the ``eval_before`` and ``eval_after`` reports (schema of :mod:`cast_rl.eval.report`)
 into one report whose configurations are labelled ``before: ...`` and ``after: ...``, written with
 the same writer (``report.json``, ``summary.md``, pass^k-against-k plots) under
-``<run_dir>/report/``, plus a short ``headline`` for the console.
+``<run_dir>/report/``, plus a short ``headline`` for the console.  Each configuration's label says
+which critic it used (``critic B=1 (rule)`` before training, ``(trained)`` after, with
+``critic.backend=trained``).  The held-out critic comparison of ``05_train_critic``
+(``heldout_metrics.json``, :mod:`cast_rl.eval.critic_heldout`) is copied in as ``critic_heldout``
+and gets its own table in ``summary.md``.
 """
 
 from __future__ import annotations
@@ -28,18 +32,32 @@ def merge_reports(before: dict[str, Any] | None, after: dict[str, Any] | None) -
 
 
 def headline(report: dict[str, Any]) -> list[str]:
-    """One line per configuration and domain/split: pass^1..pass^n."""
+    """One line per configuration and domain/split: pass^1..pass^n; then the held-out critics."""
     lines = []
     for config in report["configurations"]:
         for group, values in config["groups"].items():
             cells = "  ".join(f"{k}={v:.3f}" for k, v in values["pass^k"].items())
-            lines.append(f"{config['label']:<24} {group:<14} {cells}")
+            lines.append(f"{config['label']:<32} {group:<14} {cells}")
+    for name, m in ((report.get("critic_heldout") or {}).get("critics") or {}).items():
+        lines.append(f"held-out critic {name:<16} recall={m['recall']:.3f}  fpr={m['false_positive_rate']:.3f}  "
+                     f"type_acc={m['type_accuracy']:.3f}  leakage={m['leakage_rate']:.3f}  "
+                     f"unparsable={m['unparsable_rate']:.3f}")
     return lines
 
 
-def write_pipeline_report(run_dir: Path, before: Path | None, after: Path | None) -> dict[str, Path]:
+def write_pipeline_report(
+    run_dir: Path, before: Path | None, after: Path | None, heldout: Path | None = None
+) -> dict[str, Path]:
+    from cast_rl.eval.critic_heldout import heldout_markdown
     from cast_rl.eval.report import write_report
 
     load = lambda p: json.loads(p.read_text()) if p is not None and p.exists() else None  # noqa: E731
     merged = merge_reports(load(before), load(after))
-    return write_report(merged, run_dir / "report")
+    critics = load(heldout)
+    if critics is not None:
+        merged["critic_heldout"] = critics
+    paths = write_report(merged, run_dir / "report")
+    if critics is not None:
+        with paths["summary"].open("a") as f:
+            f.write("\n" + "\n".join(heldout_markdown(critics)))
+    return paths

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from cast_rl.config import to_dict
+from cast_rl.critique.service import critic_description
+from cast_rl.eval.critic_heldout import HELDOUT_METRICS, flat_heldout_metrics
 from cast_rl.learner.sample import Sample
 from cast_rl.pipeline.context import PipelineContext
 from cast_rl.rollout.trajectory import Trajectory, read_trajectories, write_trajectories
@@ -142,6 +144,7 @@ def _evaluate(ctx: PipelineContext, out: Path, stage: str) -> dict[str, Any]:
     return {
         "report": str(out / "report.json"),
         "policy": str(ctx.policy_path),
+        "critic": critic_description(cfg.critic),
         "pass^k": {c["label"]: {g: v["pass^k"] for g, v in c["groups"].items()} for c in report["configurations"]},
     }
 
@@ -223,21 +226,76 @@ def train_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     base = ensure_model(cfg.critic.model, [ctx.data.data_dir])
     samples = supervised_from_parquet(ctx.stage_dir("critic_data") / "train.parquet", AutoTokenizer.from_pretrained(base))
     learner = _learner(ctx, cfg.pipeline.critic_lr, model_path=base)
-    try:
-        with _metrics(ctx, "train_critic") as log:
+    with _metrics(ctx, "train_critic") as log:
+        try:
             losses = train_supervised(learner, samples, cfg.pipeline.critic_train_steps,
                                       cfg.learner.global_batch_size, log, "critic", cfg.learner.seed)
-        model = learner.save_hf(out / "model")
-    finally:
-        learner.shutdown()
-    return {"examples": len(samples), "loss_first": losses[0], "loss_last": losses[-1], "model": str(model)}
+            model = learner.save_hf(out / "model")
+        finally:
+            learner.shutdown()
+        summary = {"examples": len(samples), "loss_first": losses[0], "loss_last": losses[-1], "model": str(model),
+                   "critic": critic_description(ctx.critic_config())}
+        if cfg.pipeline.critic_heldout_eval:
+            heldout = _heldout_critics(ctx, out, base, model)
+            log.log(flat_heldout_metrics(heldout["critics"]))
+            summary["heldout"] = {name: {k: m[k] for k in ("critic", *HELDOUT_METRICS)}
+                                  for name, m in heldout["critics"].items()}
+    return summary
+
+
+def _heldout_critics(ctx: PipelineContext, out: Path, base: Path, trained: Path) -> dict[str, Any]:
+    """The critics of ``pipeline.critic_heldout_eval`` on the held-out split, side by side
+    (:mod:`cast_rl.eval.critic_heldout`); written to ``heldout_metrics.json``."""
+    import asyncio
+    import json
+
+    from actors.critic_service import private_critic_actor
+    from cast_rl.critique.datasets import read_requests
+    from cast_rl.critique.service import CriticServiceClient
+    from cast_rl.critique.verifier import RuleVerifier
+    from cast_rl.eval.critic_heldout import compare_critics
+
+    cfg = ctx.cfg
+    tools = {ctx.data.spec.name: ctx.data.tools}
+    data = ctx.stage_dir("critic_data") / "heldout.parquet"
+    rows = read_requests(data)
+    models = {
+        "base": dataclasses.replace(cfg.critic, backend="model", model=dataclasses.replace(cfg.critic.model, path=str(base))),
+        "trained": dataclasses.replace(cfg.critic, backend="trained", model=dataclasses.replace(
+            cfg.critic.model, path=str(trained), make_tiny_if_missing=False)),
+    }
+
+    def starter(name: str) -> Any:
+        async def start() -> tuple[Any, str]:
+            if name == "rule":
+                return RuleVerifier(tools), "rule"
+            critic = models[name]
+            handle = private_critic_actor(critic)
+            await handle.ready.remote()  # the engine is up
+            client = CriticServiceClient([handle], max_retries=0, timeout_s=critic.timeout_s)
+            return client, critic.model.path
+        return start
+
+    critics = {name: starter(name) for name in cfg.pipeline.critic_heldout_eval}
+    results = asyncio.run(compare_critics(critics, rows, tools)) if rows else {}
+    if not rows:
+        logger.warning("held-out critic evaluation skipped: %s has no examples", data)
+    heldout = {"data": str(data), "examples": len(rows), "critics": results}
+    (out / "heldout_metrics.json").write_text(json.dumps(heldout, indent=2))
+    return heldout
 
 
 def collect_with_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
+    before = ctx.rollout_group().metrics()
     trajs = _collect(ctx, out, budget=ctx.cfg.pipeline.collect_budget)
     summary = _rollout_summary(trajs)
+    after = ctx.rollout_group().metrics()
+    critiques, unparsable = (int(after.get(k, 0) - before.get(k, 0)) for k in ("rollout/critiques", "rollout/critic_unparsable"))
+    summary.update({"critic": critic_description(ctx.critic_config()), "critiques": critiques,
+                    "critic_unparsable": unparsable, "critic_unparsable_rate": unparsable / critiques if critiques else 0.0})
     with _metrics(ctx, "collect_with_critic") as log:
-        log.log({"rollout/reward_mean": summary["reward_mean"], "critic/rounds": summary["critique_rounds"]})
+        log.log({"rollout/reward_mean": summary["reward_mean"], "critic/rounds": summary["critique_rounds"],
+                 "critic/unparsable": unparsable, "critic/unparsable_rate": summary["critic_unparsable_rate"]})
     return summary
 
 

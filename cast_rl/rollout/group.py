@@ -17,7 +17,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-from cast_rl.config.schema import CastConfig
+from cast_rl.config.schema import CastConfig, CriticConfig
 from cast_rl.rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -42,8 +42,9 @@ class RolloutGroup:
         }
         self.workers = [RolloutWorkerActor.options(**options).remote(cfg, i) for i in range(n)]
         self.resubmitted_chunks = 0
-        # The budget every worker uses now; re-applied to a restarted worker.
+        # The budget and critic every worker uses now; re-applied to a restarted worker.
         self.verification_budget = cfg.critic.verification_budget
+        self.critic = cfg.critic
         ray.get([w.ready.remote() for w in self.workers])
 
     def collect(
@@ -95,8 +96,10 @@ class RolloutGroup:
         while True:
             try:
                 ray.get(self.workers[w].ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                # a restarted actor is rebuilt from the construction config
+                if self.critic != self.cfg.critic:
+                    ray.get(self.workers[w].set_critic.remote(self.critic))
                 if self.verification_budget != self.cfg.critic.verification_budget:
-                    # a restarted actor is rebuilt from the construction config
                     ray.get(self.workers[w].set_verification_budget.remote(self.verification_budget))
                 return
             except _WORKER_FAILURES:
@@ -116,6 +119,16 @@ class RolloutGroup:
         """
         ray.get([w.set_verification_budget.remote(budget) for w in self.workers])
         self.verification_budget = budget
+
+    def set_critic(self, critic: CriticConfig) -> str:
+        """Every worker consults ``critic`` from now on (same budget); returns its description.
+
+        The pipeline switches from the rule critic to the one it trained this way, keeping the
+        policy engines; call it between ``collect`` calls.
+        """
+        described = ray.get([w.set_critic.remote(critic) for w in self.workers])
+        self.critic = critic
+        return described[0]
 
     def metrics(self) -> dict[str, float]:
         merged: dict[str, float] = {}

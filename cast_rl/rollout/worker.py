@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cast_rl.config.schema import CastConfig
+from cast_rl.config.schema import CastConfig, CriticConfig
 from cast_rl.envs.core import DomainData
 from cast_rl.inference.base import InferenceEngine, Sampling
 from cast_rl.inference.weight_sync import WeightSyncError, state_checksum
@@ -80,7 +81,9 @@ class RolloutWorker:
         self.version = 0
         self.checksum: str | None = None
         """Checksum of the learner state last loaded (None: the weights the engine started with)."""
-        self.runner = EpisodeRunner(cfg, data, self.engine, verifier, policy_version=lambda: self.version)
+        self.critic_counts: Counter[str] = Counter()
+        """Critic answers and unparsable ones, over every critic this worker consulted."""
+        self.runner = EpisodeRunner(cfg, data, self.engine, self._guard(verifier), policy_version=lambda: self.version)
         self._busy_s = 0.0
 
     async def collect(self, units: list[tuple[str, int, int]]) -> list[Trajectory]:
@@ -151,12 +154,39 @@ class RolloutWorker:
         if budget > 0 and self.runner.verifier is None:
             from cast_rl.rollout.verifiers import build_verifier
 
-            self.runner.verifier = build_verifier(self.cfg)
+            self.runner.verifier = self._guard(build_verifier(self.cfg))
         self.runner.cfg = self.cfg
         self.runner.budget = budget
 
+    async def set_critic(self, critic: CriticConfig) -> str:
+        """Serve later critiques from ``critic`` (the pipeline switches to its trained critic).
+
+        Keeps the verification budget; the old verifier is closed (a model critic's actors end)
+        and the new one is built when a budget > 0 needs it.  Returns the critic's description.
+        """
+        critic = replace(critic, verification_budget=self.cfg.critic.verification_budget)
+        if critic != self.cfg.critic:
+            old, self.runner.verifier = self.runner.verifier, None
+            if old is not None:
+                await old.close()
+            self.cfg = replace(self.cfg, critic=critic)
+            self.set_verification_budget(critic.verification_budget)
+        from cast_rl.critique.service import critic_description
+
+        return critic_description(critic)
+
+    def _guard(self, verifier: Any) -> Any:
+        from cast_rl.critique.verifier import GuardedVerifier
+
+        if verifier is None or isinstance(verifier, GuardedVerifier):
+            return verifier
+        return GuardedVerifier(verifier, self.cfg.critic.on_unparsable, self.critic_counts)
+
     async def close(self) -> None:
-        """Shut the engine down cleanly (its processes and shared memory) before the actor goes."""
+        """Shut the engine down cleanly (its processes and shared memory) before the actor goes,
+        and the critic actors this worker's verifier holds."""
+        if self.runner.verifier is not None:
+            await self.runner.verifier.close()
         await self.engine.engine.close()  # type: ignore[attr-defined]
 
     def pause(self) -> None:
@@ -175,6 +205,7 @@ class RolloutWorker:
             "rollout/malformed_calls_per_episode": s.malformed_calls / episodes,
             "rollout/extra_calls_dropped": s.extra_calls_dropped,
             "rollout/critiques": s.critiques,
+            "rollout/critic_unparsable": self.critic_counts["unparsable"],
             "rollout/token_inconsistent_rate": s.inconsistent_token_episodes / episodes,
             "rollout/policy_version": self.version,
         }

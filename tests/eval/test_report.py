@@ -73,6 +73,7 @@ def test_critic_metrics_by_hand(runs: list[EvalRun]) -> None:
     assert critic_metrics(trajectories, 2, critiques=8) == {
         "critiques": 8, "flags": 4, "flags_per_episode": 4 / 9, "flag_rate": 0.5,
         "correction_rate": 2 / 3, "resistance": 1 / 4, "false_positive_rate": None,
+        "unparsable": None, "unparsable_rate": None,
     }
     # with a judge: B is valid, the malformed revision is not -> 1 of 3; checked valid actions:
     # B at 5 of (0, 0), A at 3 of (0, 1) (flagged: the one false positive), six unflagged -> 1/8
@@ -155,7 +156,7 @@ def test_worker_switches_verification_budget(retail_data_dir: Path) -> None:
     from types import SimpleNamespace
 
     from cast_rl.config import load_config
-    from cast_rl.critique.verifier import RuleVerifier
+    from cast_rl.critique.verifier import GuardedVerifier, RuleVerifier
     from cast_rl.envs.core import load_domain_data
     from cast_rl.rollout.worker import RolloutWorker
 
@@ -163,8 +164,9 @@ def test_worker_switches_verification_budget(retail_data_dir: Path) -> None:
     worker = RolloutWorker(cfg, load_domain_data("retail", retail_data_dir), SimpleNamespace(tokenizer=None))
     assert worker.runner.verifier is None and worker.runner.budget == 0
     worker.set_verification_budget(2)
-    verifier = worker.runner.verifier
-    assert isinstance(verifier, RuleVerifier) and worker.runner.budget == 2
+    verifier = worker.runner.verifier  # the rules, behind the guard that counts unparsable answers
+    assert isinstance(verifier, GuardedVerifier) and isinstance(verifier.inner, RuleVerifier)
+    assert worker.runner.budget == 2
     assert worker.runner.cfg.critic.verification_budget == 2
     worker.set_verification_budget(0)
     assert worker.runner.budget == 0
