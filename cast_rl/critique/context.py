@@ -319,6 +319,19 @@ class Visible:
     def contains_text(self, text: str) -> bool:
         return text_in(text, self.corpus, lambda: self.canonical_corpus)
 
+    def user_stated(self, value: str) -> int | None:
+        """Index of the first user message that gives ``value``, in whatever words around it.
+
+        The value itself is matched as :func:`text_in` matches it (any case, not glued to other
+        letters or digits, phone numbers whatever their separators), so "user id is X",
+        "with ID: X", "my id: X", "I'm X" and the task instruction verbatim all count.
+        """
+        for index, text in self.user_texts:
+            low = text.lower()
+            if text_in(value, low, lambda low=low: canonical(low)):
+                return index
+        return None
+
     def date_visible(self, day: date) -> bool:
         """A date is grounded by itself, or by the day before or after (a "next day" request)."""
         for delta in (0, -1, 1):

@@ -108,15 +108,24 @@ class ConversationBuilder:
                     self.call(read)
                     break
 
-    def authenticate(self, gold: list[Action]) -> None:
-        """The identity exchange and the authentication lookup."""
+    def authenticate(self, gold: list[Action], given: tuple[Action, str] | None = None) -> None:
+        """The identity exchange and the authentication lookup.
+
+        ``given`` replaces the default exchange: the call that identifies the customer and the
+        user's words that give its values (the task's own leading lookups are then skipped).
+        """
         self.say(ASK_IDENTITY)
-        own = identity(self.data.domain, self.env.db, self.task.user_id)
         attempts = []
         for action in gold:
             if action.name not in self.rules.auth_tools:
                 break
             attempts.append(action)
+        if given is not None:
+            self.user(given[1])
+            self.call(given[0])
+            self.consumed = len(attempts)
+            return
+        own = identity(self.data.domain, self.env.db, self.task.user_id)
         said = [own[1]] if own else []
         said += [_render(a.kwargs, "My details") for a in attempts if own is None or a != own[0]]
         self.user(" ".join(said) or "Here are my details.")
@@ -181,13 +190,19 @@ class ConversationBuilder:
         )
 
 
-def gold_trajectory(data: DomainData, split: str, task_index: int) -> Trajectory:
-    """The task's gold actions as a policy-abiding conversation (see the module docstring)."""
+def gold_trajectory(
+    data: DomainData, split: str, task_index: int, given: tuple[Action, str] | None = None
+) -> Trajectory:
+    """The task's gold actions as a policy-abiding conversation (see the module docstring).
+
+    ``given``: the customer identifies themselves this way instead (see
+    :meth:`ConversationBuilder.authenticate` and :func:`~cast_rl.critique.gold_domains.identities`).
+    """
     builder = ConversationBuilder(data, split, task_index)
     task = builder.task
     builder.user("Hi! " + textwrap.dedent(task.instruction).strip())
     gold = list(task.actions)
-    builder.authenticate(gold)
+    builder.authenticate(gold, given)
     for action in gold[builder.consumed :]:
         if builder.ended:
             break

@@ -30,6 +30,38 @@ def identity(domain: str, db: Database, user_id: str) -> tuple[Action, str] | No
     return None
 
 
+def identities(domain: str, db: Database, user_id: str) -> dict[str, Action]:
+    """Every way the policy lets the task's customer identify themselves: kind -> the call.
+
+    The call's arguments are the values the user says (their email, name and zip code, phone,
+    name and date of birth, or id where the policy accepts an id); in telecom a customer id the
+    user gives is read directly (the benchmark's own gold actions do so).
+    """
+    out: dict[str, Action] = {}
+    if domain == "retail" and user_id in db["users"]:
+        user = db["users"][user_id]
+        out["email"] = Action("find_user_id_by_email", {"email": user["email"]})
+        out["name_zip"] = Action("find_user_id_by_name_zip", {
+            "first_name": user["name"]["first_name"], "last_name": user["name"]["last_name"],
+            "zip": user["address"]["zip"],
+        })
+    elif domain == "airline" and user_id in db["users"]:
+        out["user_id"] = Action("get_user_details", {"user_id": user_id})
+    elif domain == "telecom" and user_id in db["customers"]:
+        demographics = db["customers"][user_id]["demographics"]
+        out["email"] = Action("find_customer_by_email", {"email": demographics["email"]})
+        out["phone"] = Action("find_customer_by_phone", {"phone": demographics["phone"]})
+        out["customer_id"] = Action("get_customer_details", {"customer_id": user_id})
+    elif domain == "telehealth" and user_id in db["patients"]:
+        patient = db["patients"][user_id]
+        out["email"] = Action("find_patient_by_email", {"email": patient["demographics"]["email"]})
+        out["name_dob"] = Action("find_patient_by_name_dob", {
+            "first_name": patient["name"]["first_name"], "last_name": patient["name"]["last_name"],
+            "date_of_birth": patient["demographics"]["date_of_birth"],
+        })
+    return out
+
+
 def candidate_reads(domain: str, db: Database, user_id: str, value: Any) -> Iterator[Action]:
     """Read calls that might show ``value`` (tried in order on a fork until one does)."""
     text = str(value)

@@ -13,6 +13,8 @@ kind                    error type        the faulty action
 missing_confirmation    policy_violation  the first write, without listing it and asking
 fabricated_id           hallucination     an action with an id that nothing visible mentions
 unauthenticated         policy_violation  customer data read by the id the user gave, no lookup
+                                          (telecom, where a given id identifies: a ticket read
+                                          before the user gave anything identifying)
 forbidden_state         policy_violation  cancelling what the visible state shows cannot be
 second_user             policy_violation  a write on another customer's record
 wrong_record            wrong_tool_usage  the first write applied to another visible record
@@ -148,12 +150,13 @@ def _reads(builder: ConversationBuilder, action: Action) -> None:
 
 _SELF_LOOKUP = {
     "retail": ("get_user_details", "user_id"),
-    "telecom": ("get_customer_details", "customer_id"),
     "telehealth": ("get_patient_details", "patient_id"),
 }
 
 
 def unauthenticated(data: DomainData, split: str, index: int, rng: random.Random) -> Injected | None:
+    if data.domain == "telecom":
+        return _unidentified_ticket(data, split, index)
     builder = _start(data, split, index, authenticate=False)
     uid = builder.task.user_id
     builder.say("Happy to help. Could you tell me your account id?")
@@ -168,6 +171,19 @@ def unauthenticated(data: DomainData, split: str, index: int, rng: random.Random
             builder.call(Action("get_reservation_details", {"reservation_id": rid}))
             return _end(builder, "unauthenticated", builder.last_call)
     return None
+
+
+def _unidentified_ticket(data: DomainData, split: str, index: int) -> Injected | None:
+    """Telecom: a customer id the user gives identifies them, so the fault is reading a ticket of
+    theirs before they gave any identifying value (id, email or phone)."""
+    builder = ConversationBuilder(data, split, index)
+    uid = builder.task.user_id
+    tickets = sorted(t for t, r in builder.env.db["support_tickets"].items() if r.get("customer_id") == uid)
+    if not tickets:
+        return None
+    builder.user(f"Hi! I have a question about my support ticket {tickets[0]}.")
+    builder.call(Action("get_support_ticket_details", {"ticket_id": tickets[0]}))
+    return _end(builder, "unauthenticated", builder.last_call)
 
 
 def _act_on(builder: ConversationBuilder, reads: list[Action], action: Action) -> int:

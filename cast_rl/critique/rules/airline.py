@@ -68,11 +68,10 @@ class AirlineRules(DomainRules):
     confirm_clause = (("explicit user confirmation",), ("confirmation",))
 
     def authenticated(self, visible: Visible) -> tuple[str, int] | None:
-        """The user id the user gave, once ``get_user_details`` found it."""
-        said = " ".join(text for _, text in visible.user_texts).lower()
+        """The user id the user gave (in any words), once ``get_user_details`` found it."""
         for record in visible.calls("get_user_details", ok=True):
             ident = record.kwargs.get("user_id")
-            if isinstance(ident, str) and ident.lower() in said:
+            if isinstance(ident, str) and ident.strip() and visible.user_stated(ident) is not None:
                 return ident, record.output_index or record.message_index
         return None
 

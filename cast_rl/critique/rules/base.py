@@ -9,8 +9,9 @@ Shared rules, in the order of the error types:
 * hallucination: an argument value (id, name, amount, date, address) that occurs nowhere visible;
   a reply naming an id or amount that occurs nowhere visible;
 * policy_violation: more than one tool call in a message; user data touched before the user was
-  authenticated the way the domain demands; a second user (the confirmation rules live in
-  :mod:`cast_rl.critique.rules.confirmation`); plus each domain's own rules
+  authenticated the way the domain demands (:meth:`DomainRules.identified`: judged on the
+  values the user gave, never on the words around them); a second user (the confirmation
+  rules live in :mod:`cast_rl.critique.rules.confirmation`); plus each domain's own rules
   (:meth:`DomainRules.check`);
 * wrong_tool_usage: a tool that does not exist, arguments that are not a JSON object, or argument
   names the tool's schema does not accept.
@@ -84,6 +85,9 @@ class DomainRules:
     """The argument naming the customer an action is about."""
     auth_tools: tuple[str, ...] = ()
     """Lookups that authenticate the customer; a successful one returns the customer's id."""
+    stated_id_identifies = False
+    """Whether the policy lets the customer identify by giving their id (the ``subject_arg``
+    value) in their own words, with no lookup by email, name or phone first."""
     public_tools: frozenset[str] = frozenset({"think", "calculate"})
     """Tools that touch no customer's data (allowed before authentication)."""
     write_tools: frozenset[str] = frozenset()
@@ -110,6 +114,25 @@ class DomainRules:
             ident = (record.output or "").strip().strip('"')
             if ident and " " not in ident:
                 return ident, record.output_index or record.message_index
+        return None
+
+    def identified(self, visible: Visible, action: ActionRef) -> tuple[str, int] | None:
+        """(customer id, message index) once the customer is identified as the policy demands.
+
+        A lookup (:meth:`authenticated`) always counts; where :attr:`stated_id_identifies`, so
+        does an id the user gave, whatever the words around it: the subject of an earlier
+        successful call, or of ``action`` itself, that occurs in a user message.
+        """
+        auth = self.authenticated(visible)
+        if auth is not None or not self.stated_id_identifies:
+            return auth
+        subjects = [r.kwargs.get(self.subject_arg) for r in visible.calls(ok=True)]
+        subjects.append(action.kwargs.get(self.subject_arg))
+        for subject in subjects:
+            if isinstance(subject, str) and subject.strip():
+                said = visible.user_stated(subject)
+                if said is not None:
+                    return subject, said
         return None
 
     def record_owner(self, ctx: Ctx, arg: str, value: Any) -> tuple[str, Evidence] | None:
@@ -250,7 +273,7 @@ def check_authentication(ctx: Ctx) -> list[Finding]:
         return []
     if action.name in rules.terminate_tools:
         return []
-    auth = rules.authenticated(visible)
+    auth = rules.identified(visible, action)
     if auth is None:
         return [
             Finding(

@@ -1,7 +1,10 @@
 """Telecom policy (tau-trait ``wiki.md``) as visible rules.
 
-* the customer is identified by ``find_customer_by_email`` or ``find_customer_by_phone`` before
-  their account, billing, services or tickets are touched; one customer per conversation;
+* the customer is identified before their account, billing, services or tickets are touched: by
+  ``find_customer_by_email`` or ``find_customer_by_phone``, or by giving their customer id (the
+  policy asks for no lookup, only that a customer id found by email or phone is read back, and
+  the benchmark's own gold actions read a customer id the user gave directly); one customer per
+  conversation;
 * changes (services added or removed, devices, billing settings, payments, tickets) need the
   actions listed and the customer's explicit confirmation; ``manage_service`` with ``list`` is a
   read;
@@ -23,6 +26,7 @@ class TelecomRules(DomainRules):
     name = "telecom"
     subject_arg = "customer_id"
     auth_tools = ("find_customer_by_email", "find_customer_by_phone")
+    stated_id_identifies = True
     public_tools = frozenset({
         "think", "calculate", "get_services", "get_service_details", "get_senior_discount",
         "get_device_details", "troubleshoot_device",
