@@ -15,6 +15,18 @@ For each action of a trajectory (each tool call, each reply to the user) the lab
 
 Tool calls without a tool message answering them (a proposal the critic rejected) are judged on
 a fork and do not change the replayed state.
+
+The labeller also reads the trajectory's outcome (``reward``; a success is a reward of 1, as
+:func:`cast_rl.eval.passk.is_success` counts it).  Labels of successful trajectories are
+judged as above and nothing else.  In a failed trajectory:
+
+* the *decisive* action is the first invalid action that ran and changed the database (a write
+  the environment executed); when no invalid action changed it, the first invalid action that
+  ran (a read, a reply, a transfer, a write the environment rejected).  Proposals the critic
+  rejected never ran and are never decisive.  Its label has ``decisive`` set;
+* a failure with no invalid action that ran is an *unexplained failure*: the labels do not say
+  why it failed (a missing action, a wrong final answer, or an error the rules do not catch).
+  It is counted and recorded (:attr:`LabelStats.unexplained`) so a report can list it.
 """
 
 from __future__ import annotations
@@ -41,7 +53,8 @@ from cast_rl.critique.rules.base import Finding
 from cast_rl.envs.core import DomainData, ToolEnv, call_tool
 from cast_rl.envs.db import Database, to_hashable
 from cast_rl.envs.types import Action
-from cast_rl.rollout.trajectory import Trajectory, TrajectoryFormatError
+from cast_rl.eval.passk import is_success
+from cast_rl.rollout.trajectory import CRITIC_NAME, Trajectory, TrajectoryFormatError
 
 logger = logging.getLogger(__name__)
 _MISSING = object()
@@ -61,9 +74,15 @@ class ActionLabel:
     """None when the rationale failed the leakage check (the verdict stands)."""
     source: str = ""
     """The rule that decided (``grounding``, ``confirmation``, ``gold_effect``, ...)."""
+    ran: bool = True
+    """Whether the action ran (False for a tool call no tool message answers)."""
+    changed_state: bool = False
+    """Whether running it changed the database."""
+    decisive: bool = False
+    """The failed trajectory's decisive invalid action (see the module docstring)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "trajectory_index": self.trajectory_index,
             "message_index": self.message_index,
             "action": self.action,
@@ -71,6 +90,9 @@ class ActionLabel:
             "error_type": self.error_type,
             "rationale": self.rationale,
         }
+        if self.decisive:
+            out["decisive"] = True
+        return out
 
 
 @dataclass
@@ -82,12 +104,31 @@ class LabelStats:
     sources: Counter[str] = field(default_factory=Counter)
     leakage_drops: int = 0
     trajectories: int = 0
+    failed: int = 0
+    """Trajectories whose reward is not a success."""
+    decisive_types: Counter[str] = field(default_factory=Counter)
+    """Error types of the decisive actions of failed trajectories."""
+    unexplained: list[dict[str, Any]] = field(default_factory=list)
+    """One record per unexplained failure: ``trajectory_index``, ``domain``, ``split``,
+    ``task_index``, ``trial``, ``reward``."""
 
     def add(self, label: ActionLabel, leaked: bool) -> None:
         self.verdicts[label.verdict] += 1
         self.error_types[label.error_type] += 1
         self.sources[label.source] += 1
         self.leakage_drops += int(leaked)
+
+    def add_outcome(self, trajectory: Trajectory, index: int, decisive: ActionLabel | None) -> None:
+        """Count a failed trajectory: its decisive action's type, or it is unexplained."""
+        self.failed += 1
+        if decisive is not None:
+            self.decisive_types[decisive.error_type] += 1
+            return
+        self.unexplained.append({
+            "trajectory_index": index, "domain": trajectory.domain, "split": trajectory.split,
+            "task_index": trajectory.task_index, "trial": trajectory.trial,
+            "reward": trajectory.reward,
+        })
 
     def metrics(self) -> dict[str, float]:
         """Flat ``label/...`` metrics for the metrics logger."""
@@ -97,9 +138,13 @@ class LabelStats:
             "label/actions": total,
             "label/leakage_drops": self.leakage_drops,
             "label/invalid_rate": self.verdicts["invalid"] / total if total else 0.0,
+            "label/failed_trajectories": self.failed,
+            "label/unexplained_failures": len(self.unexplained),
+            "label/unexplained_failure_rate": len(self.unexplained) / self.failed if self.failed else 0.0,
         }
         out.update({f"label/verdict_{k}": v for k, v in self.verdicts.items()})
         out.update({f"label/type_{k}": v for k, v in self.error_types.items()})
+        out.update({f"label/decisive_{k}": v for k, v in self.decisive_types.items()})
         return out
 
 
@@ -125,16 +170,28 @@ class Labeller:
         for action in iter_actions(messages):
             visible = Visible(self.data.policy, messages[: action.message_index], self.data.tools)
             findings = visible_findings(action, visible, self.rules, messages[action.message_index])
+            ran, changed = action.is_reply and not _rejected(messages, action.message_index), False
             if not action.is_reply and action.name != MALFORMED:
                 ran = (action.message_index, action.name,
                        json.dumps(action.kwargs, sort_keys=True, default=str)) in executed
                 db = env.db if ran else env.db.fork()
+                before = db.fork()
                 findings += self._privileged(action, visible, db, gold, gold_keys, trajectory)
+                changed = bool(changes(before, db))
                 if _key(action.name, action.kwargs) in gold_keys:
                     # a gold action is what the task needs, even where the env rejects it
                     findings = [f for f in findings if f.error_type != "wrong_tool_usage"]
-            labels.append(self._finish(trajectory_index, action, visible, choose(findings)))
+            elif action.name == MALFORMED:
+                ran = True  # the policy's turn happened; its error observation was the outcome
+            label = self._finish(trajectory_index, action, visible, choose(findings))
+            label.ran, label.changed_state = ran, changed
+            labels.append(label)
         self.stats.trajectories += 1
+        if not is_success(trajectory.reward):
+            decisive = decisive_label(labels)
+            if decisive is not None:
+                decisive.decisive = True
+            self.stats.add_outcome(trajectory, trajectory_index, decisive)
         return labels
 
     def _finish(
@@ -205,6 +262,19 @@ class Labeller:
             _fix_hint(visible, writes, action),
             "gold_effect",
         )]
+
+
+def decisive_label(labels: list[ActionLabel]) -> ActionLabel | None:
+    """The first invalid label that ran and changed the database, else the first invalid one
+    that ran, else None (the failure is unexplained); see the module docstring."""
+    invalid = [label for label in labels if label.verdict == "invalid" and label.ran]
+    return next((label for label in invalid if label.changed_state), invalid[0] if invalid else None)
+
+
+def _rejected(messages: list[dict[str, Any]], index: int) -> bool:
+    """Whether the critic answered the assistant message at ``index`` (so it never ran)."""
+    following = messages[index + 1] if index + 1 < len(messages) else {}
+    return following.get("role") == "user" and following.get("name") == CRITIC_NAME
 
 
 def _key(name: str, kwargs: Any) -> str:

@@ -44,17 +44,21 @@ def _label(files: dict[str, Path], trajectories: Path, out: Path) -> int:
 def test_label_cli_writes_one_line_per_action_and_a_summary(files, capsys) -> None:  # noqa: ANN001
     assert _label(files, files["T"], files["L"]) == 0
     labels = [json.loads(line) for line in files["L"].read_text().splitlines()]
-    assert all(set(lab) == {"trajectory_index", "message_index", "action", "verdict", "error_type",
-                          "rationale"} for lab in labels)
+    keys = {"trajectory_index", "message_index", "action", "verdict", "error_type", "rationale"}
+    assert all(set(lab) - {"decisive"} == keys and lab.get("decisive", True) is True for lab in labels)
     by_key = {(lab["trajectory_index"], lab["message_index"]): lab for lab in labels}
     injected = json.loads((files["dir"] / "injected.json").read_text())
     assert all(by_key[tuple(k)]["verdict"] == "invalid" for k in injected)
+    # every injected trajectory failed (reward 0) because of an invalid action: one is decisive
+    decisive = [lab["trajectory_index"] for lab in labels if lab.get("decisive")]
+    assert sorted(decisive) == sorted(t for t, _ in injected)
     err = capsys.readouterr().err
     assert "leakage drops: 0" in err and "verdicts: invalid=" in err
     (run,) = (files["dir"] / "run" / "wandb").glob("offline-run-*")
     (row,) = read_offline_history(run)
     assert row["label/actions"] == len(labels)
     assert row["label/leakage_drops"] == 0
+    assert (row["label/failed_trajectories"], row["label/unexplained_failures"]) == (len(injected), 0)
 
 
 def test_label_cli_names_file_and_line_of_a_bad_trajectory(files, tmp_path) -> None:  # noqa: ANN001
