@@ -128,6 +128,9 @@ CPU_ONLY = Capacity({"CPU": 2.0, "GPU": 0.0}, {"CPU": 2.0, "GPU": 0.0}, "the tes
          "learner.num_cpus_per_worker=1 need 4 CPUs at once, but the test cluster has 2"),
         (["critic.backend=model", "critic.num_replicas=3", "rollout.num_workers=1"], ("rollout", "critic"),
          "critic.num_replicas=3"),
+        (["critic.backend=trained", "pipeline.critic_train_steps=1", "critic.num_gpus_per_replica=1"],
+         ("rollout", "critic"),
+         "critic.num_gpus_per_replica=1 cannot be placed: the largest node of the test cluster has 0 GPUs"),
     ],
 )
 def test_impossible_resource_requests_name_the_key(
