@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from cast_rl.config import to_dict
+from cast_rl.config import ConfigError, to_dict
 from cast_rl.config.schema import PIPELINE_STAGES, CastConfig, CriticConfig
 from cast_rl.envs.core import DomainData
 
@@ -52,6 +52,20 @@ def resolve_critic(cfg: CastConfig) -> CriticConfig:
     return dataclasses.replace(critic, model=model)
 
 
+def check_trained_critic(cfg: CastConfig) -> None:
+    """With ``critic.backend=trained``, a stage that serves the critic needs stage train_critic to
+    run first or to have run (else it would quietly get the rule critic): raise ConfigError."""
+    serving = [s for s in ("collect_with_critic", "optimise", "eval_after") if s in cfg.pipeline.stages]
+    if (cfg.critic.backend != "trained" or not serving or "train_critic" in cfg.pipeline.stages
+            or (trained_critic_path(cfg) / "config.json").exists()):
+        return
+    raise ConfigError(
+        f"config error: critic.backend=trained but pipeline.stages has no train_critic and "
+        f"{trained_critic_path(cfg)} does not exist, so {serving[0]} would have no trained critic; "
+        "add train_critic to pipeline.stages or choose critic.backend=rule or model"
+    )
+
+
 class PipelineContext:
     """Directories, data, the current policy and the shared rollout group of one pipeline run."""
 
@@ -65,6 +79,7 @@ class PipelineContext:
         self.policy_version = 0
         self._group: Any = None
         self.group_name = cfg.logging.group or self.root.name
+        check_trained_critic(cfg)
         (self.root / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
 
     def stage_dir(self, stage: str) -> Path:

@@ -213,6 +213,20 @@ def test_trained_backend_serves_the_stage_05_model_once_it_exists(tmp_path: Path
     assert resolve_critic(load_config(None, [f"run_dir={tmp_path}"])).backend == "rule"
 
 
+def test_trained_backend_without_critic_training_stops_before_anything_starts(tmp_path: Path) -> None:
+    from cast_rl.config import ConfigError
+    from cast_rl.pipeline.context import check_trained_critic
+
+    cfg = load_config(None, [f"run_dir={tmp_path}", "critic.backend=trained", "pipeline.critic_train_steps=2",
+                             "pipeline.stages=[collect_with_critic,eval_after]"])
+    with pytest.raises(ConfigError, match="critic.backend=trained but pipeline.stages has no train_critic"):
+        check_trained_critic(cfg)
+    model = trained_critic_path(cfg)  # a run that trained it earlier resumes
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    check_trained_critic(cfg)
+
+
 def test_pipeline_report_labels_critics_and_copies_heldout_metrics(tmp_path: Path) -> None:
     from cast_rl.eval.report import EvalRun, build_report
     from cast_rl.rollout.trajectory import Trajectory
