@@ -7,7 +7,8 @@ Run::
 
 ``build-data`` writes ``DIR/train.parquet`` and ``DIR/heldout.parquet`` (see
 :mod:`cast_rl.critique.datasets`); ``eval`` prints detection recall, precision, false-positive
-rate and error-type accuracy of a critic backend on a labelled Parquet file.
+rate, error-type accuracy, rationale leakage rate and unparsable rate of a critic backend on a
+labelled Parquet file (the pipeline compares critics this way after ``05_train_critic``).
 """
 
 from __future__ import annotations
