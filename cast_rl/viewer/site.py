@@ -115,6 +115,7 @@ def episode_view(
         label_views.setdefault(label["message_index"], []).append({
             "ref": ref, "action": label.get("action"), "verdict": label.get("verdict", ""),
             "error_type": label.get("error_type", ""), "rationale": _rationale(rationale),
+            "decisive": label.get("decisive") is True,  # the action that failed the episode
             "evidence": _evidence(rationale, ref, "ev-label", f"label {n + 1}", messages, system, quotes),
         })
 

@@ -119,6 +119,13 @@ def test_viewer_pages(pipeline_run: tuple[Path, int], tmp_path: Path) -> None:
     labels = _records(run / "03_label" / "labels.jsonl")
     assert collected.count('<div class="label ') == sum(1 for lab in labels if lab["trajectory_index"] == 2)
     assert "labeller:" in collected and "ev-label" in collected
+    # the labeller marks the action that failed an episode; the page says so beside it
+    decisive = {lab["trajectory_index"] for lab in labels if lab.get("decisive")}
+    trajectories = _records(run / "02_collect" / "trajectories.jsonl")
+    assert decisive, "the labeller marked no decisive action in the failed episodes"
+    for i, t in enumerate(trajectories):
+        page = (tmp_path / "site" / "episodes" / f"collect-retail-test-t{t['task_index']}-r0.html").read_text()
+        assert ('<span class="badge decisive"' in page) == (i in decisive)
 
 
 def test_missing_config_degrades_with_a_note(pipeline_run: tuple[Path, int], tmp_path: Path) -> None:
