@@ -18,6 +18,7 @@ from cast_rl.rollout.trajectory import Trajectory
 class RolloutWorkerActor:
     def __init__(self, cfg: CastConfig, worker_index: int) -> None:
         from cast_rl.envs.setup import load_env_data
+        from cast_rl.envs.users import user_engine
         from cast_rl.inference import build_engine
         from cast_rl.rollout.verifiers import build_verifier
         from cast_rl.rollout.worker import RolloutWorker
@@ -26,6 +27,8 @@ class RolloutWorkerActor:
         self.worker = RolloutWorker(
             cfg, load_env_data(cfg), engine, build_verifier(cfg), worker_index=worker_index
         )
+        # user.type=llm on user.inference.backend=vllm: the user model's own engine, in this actor
+        self.user_engine, self.worker.runner.user_complete = user_engine(cfg.user, seed=cfg.seed + worker_index)
 
     def ready(self) -> bool:
         return True
@@ -57,3 +60,5 @@ class RolloutWorkerActor:
 
     async def close(self) -> None:
         await self.worker.close()
+        if self.user_engine is not None:
+            await self.user_engine.close()

@@ -2,18 +2,26 @@
 
 ``scripted``: :class:`~cast_rl.envs.users.scripted.ScriptedUser`, deterministic rules, no model
 (all four domains; ``user.trait`` picks a tau-trait trait, :mod:`cast_rl.envs.users.traits`).
-``llm``: :class:`~cast_rl.envs.users.llm.LLMUser` over an injected ``complete`` callable, or, when
-none is given and ``user.inference.backend`` is ``openai``, over that endpoint serving
-``user.model.path``.
+``llm``: :class:`~cast_rl.envs.users.llm.LLMUser` over an injected ``complete`` callable: the
+user model's own in-process engine (``user.inference.backend=vllm``, :func:`user_engine`, which
+each rollout worker starts beside its policy engine), or, when none is given and
+``user.inference.backend`` is ``openai``, that endpoint serving ``user.model.path``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from cast_rl.config.schema import UserConfig
 from cast_rl.envs.users.base import UserSimulator
-from cast_rl.envs.users.llm import Complete, LLMUser, UserSimulatorTimeout, openai_complete
+from cast_rl.envs.users.llm import (
+    Complete,
+    LLMUser,
+    UserSimulatorTimeout,
+    engine_complete,
+    openai_complete,
+)
 from cast_rl.envs.users.scripted import ScriptedUser
 from cast_rl.envs.users.traits import Trait
 
@@ -25,6 +33,7 @@ __all__ = [
     "UserSimulator",
     "UserSimulatorTimeout",
     "build_user",
+    "user_engine",
 ]
 
 
@@ -56,6 +65,22 @@ USER_BUILDERS: dict[str, Callable[[UserConfig, Complete | None, int], UserSimula
     "scripted": _scripted,
     "llm": _llm,
 }
+
+
+def user_engine(cfg: UserConfig, seed: int = 0) -> tuple[Any, Complete | None]:
+    """For ``user.type=llm`` with ``user.inference.backend=vllm``: the user model's own engine
+    (built from ``user.model``, a tiny one first if it is missing and allowed) and the
+    ``complete`` that serves :class:`LLMUser` from it; otherwise ``(None, None)``.
+
+    The caller owns the engine and closes it (the rollout worker does, with its policy engine).
+    """
+    if cfg.type != "llm" or cfg.inference.backend != "vllm":
+        return None, None
+    from cast_rl.inference import build_engine
+    from cast_rl.models.setup import ensure_model
+
+    engine = build_engine(str(ensure_model(cfg.model)), cfg.inference, seed=seed)
+    return engine, engine_complete(engine, cfg.inference)
 
 
 def build_user(cfg: UserConfig, complete: Complete | None = None, seed: int = 0) -> UserSimulator:

@@ -7,8 +7,10 @@ a time, reveal information only when needed, never invent facts, end with ``###S
 the goal is met) and the agent's opening line "Hi! How can I help you today?".
 
 The model is reached through an injected ``complete(messages) -> str`` coroutine, so any engine
-can serve it; :func:`openai_complete` adapts an OpenAI-compatible endpoint and reads its API key
-only from a named environment variable.  A call slower than ``timeout_s`` raises
+can serve it: :func:`engine_complete` adapts an in-process engine (``user.inference.backend=vllm``:
+each rollout worker starts the user model's own vLLM engine, :func:`cast_rl.envs.users.user_engine`),
+and :func:`openai_complete` an OpenAI-compatible endpoint, reading its API key only from a named
+environment variable.  A call slower than ``timeout_s`` raises
 :class:`UserSimulatorTimeout`.  Replies are stripped of surrounding whitespace.
 """
 
@@ -90,6 +92,22 @@ class LLMUser:
         reply = reply.strip()
         self.messages.append({"role": "assistant", "content": reply})
         return reply
+
+
+def engine_complete(engine: Any, cfg: Any) -> Complete:
+    """A ``complete`` callable over an in-process :class:`~cast_rl.inference.InferenceEngine`
+    (the user's own vLLM engine), sampling as ``cfg`` (an ``InferenceConfig``) says."""
+    from cast_rl.inference.base import Sampling
+
+    sampling = Sampling(
+        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+        logprobs=False,
+    )
+
+    async def complete(messages: list[dict[str, str]]) -> str:
+        return (await engine.chat(messages, sampling)).text
+
+    return complete
 
 
 def openai_complete(
