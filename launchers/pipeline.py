@@ -72,6 +72,7 @@ def run_pipeline(cfg: CastConfig) -> dict[str, Any]:
         "report": str(report["report"]),
         "summary": str(report["summary"]),
         "plots": sorted(str(v) for k, v in report.items() if k.startswith("plot:")),
+        "viewer": str(report["viewer"]) if "viewer" in report else None,
         "wandb": str(ctx.root / "wandb"),
         "wall_s": round(time.perf_counter() - t0, 1),
     }
@@ -92,13 +93,15 @@ def actor_parts(cfg: CastConfig) -> tuple[str, ...]:
 
 
 def print_result(result: dict[str, Any]) -> None:
-    print("\npass^k (success: reward within 1e-6 of 1)")
+    print("\npass^k (success: reward within 1e-6 of 1; brackets: 95% interval over tasks)")
     for line in result["headline"]:
         print("  " + line)
     print(f"\nreport:  {result['report']}")
     print(f"summary: {result['summary']}")
     for plot in result["plots"]:
         print(f"plot:    {plot}")
+    if result.get("viewer"):
+        print(f"trajectory viewer: {result['viewer']}  (open in a browser)")
     print(f"W&B offline runs: {result['wandb']}  (upload: wandb sync {result['wandb']}/offline-run-*)")
     print(f"wall time: {result['wall_s']} s")
 

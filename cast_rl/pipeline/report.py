@@ -8,13 +8,23 @@ which critic it used (``critic B=1 (rule)`` before training, ``(trained)`` after
 ``critic.backend=trained``).  The held-out critic comparison of ``05_train_critic``
 (``heldout_metrics.json``, :mod:`cast_rl.eval.critic_heldout`) is copied in as ``critic_heldout``
 and gets its own table in ``summary.md``.
+
+Paired differences with 95% intervals (:mod:`cast_rl.eval.uncertainty`) compare every
+configuration after training with itself before, and with the critic against without it within
+each stage.  The trajectory viewer of the whole run (:mod:`cast_rl.viewer`) is written to
+``<run_dir>/report/viewer/index.html``, and ``summary.md`` links to it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
+
+from cast_rl.eval.uncertainty import critic_comparisons, interval_metadata, stage_comparisons
+
+logger = logging.getLogger(__name__)
 
 
 def merge_reports(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
@@ -28,6 +38,9 @@ def merge_reports(before: dict[str, Any] | None, after: dict[str, Any] | None) -
                 {**config, "name": f"{tag}_{config['name']}", "label": f"{tag}: {config['label']}",
                  "stage": tag}
             )
+    configs = merged["configurations"]
+    merged["uncertainty"] = interval_metadata()
+    merged["comparisons"] = stage_comparisons(configs) + critic_comparisons(configs)
     return merged
 
 
@@ -36,7 +49,9 @@ def headline(report: dict[str, Any]) -> list[str]:
     lines = []
     for config in report["configurations"]:
         for group, values in config["groups"].items():
-            cells = "  ".join(f"{k}={v:.3f}" for k, v in values["pass^k"].items())
+            cis = values.get("pass^k_ci", {})
+            cells = "  ".join(f"{k}={v:.3f}" + (f" [{cis[k][0]:.2f},{cis[k][1]:.2f}]" if k in cis else "")
+                              for k, v in values["pass^k"].items())
             lines.append(f"{config['label']:<32} {group:<14} {cells}")
     for name, m in ((report.get("critic_heldout") or {}).get("critics") or {}).items():
         lines.append(f"held-out critic {name:<16} recall={m['recall']:.3f}  fpr={m['false_positive_rate']:.3f}  "
@@ -53,11 +68,28 @@ def write_pipeline_report(
 
     load = lambda p: json.loads(p.read_text()) if p is not None and p.exists() else None  # noqa: E731
     merged = merge_reports(load(before), load(after))
+    viewer = _viewer(run_dir)
+    if viewer is not None:
+        merged["viewer"] = viewer.relative_to(run_dir / "report").as_posix()
     critics = load(heldout)
     if critics is not None:
         merged["critic_heldout"] = critics
     paths = write_report(merged, run_dir / "report")
+    if viewer is not None:
+        paths["viewer"] = viewer
     if critics is not None:
         with paths["summary"].open("a") as f:
             f.write("\n" + "\n".join(heldout_markdown(critics)))
     return paths
+
+
+def _viewer(run_dir: Path) -> Path | None:
+    """Write the run's trajectory viewer under ``report/viewer``; None when there are no episodes."""
+    from cast_rl.viewer import build_viewer
+    from cast_rl.viewer.sources import ViewerInputError
+
+    try:
+        return build_viewer(run_dir, run_dir / "report" / "viewer")
+    except ViewerInputError as exc:  # e.g. a run of the warm-start alone
+        logger.info("no trajectory viewer: %s", exc)
+        return None
