@@ -10,6 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+RETAIL_TASK_KINDS = (
+    "cancel", "modify_items", "modify_address", "modify_payment", "return", "exchange",
+    "user_address", "multi",
+)
+"""Task kinds of the procedural retail generator (:mod:`cast_rl.envs.retail_tasks`)."""
+
 
 def _check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
@@ -109,12 +115,22 @@ class EnvConfig:
     """With data_dir empty: how many retail tasks the generator writes."""
     generated_seed: int = 0
     """With data_dir empty: the generator's seed."""
+    generated_kinds: list[str] = field(default_factory=lambda: list(RETAIL_TASK_KINDS))
+    """With data_dir empty: the task kinds generated (a subset of cancel, modify_items,
+    modify_address, modify_payment, return, exchange, user_address, multi)."""
+    generated_compact: bool = False
+    """With data_dir empty: the compact setting (a policy cut to the rules of generated_kinds and
+    only the tools their tasks use); same database, tools and reward, far shorter prompts."""
 
     def __post_init__(self) -> None:
         _check_choice("env.domain", self.domain, ("retail", "airline", "telecom", "telehealth"))
         _check_positive("env.max_steps", self.max_steps)
         _check_positive("env.tool_timeout_s", self.tool_timeout_s)
         _check_positive("env.generated_tasks", self.generated_tasks)
+        bad = [k for k in self.generated_kinds if k not in RETAIL_TASK_KINDS]
+        if bad or not self.generated_kinds:
+            raise ValueError(f"env.generated_kinds={self.generated_kinds} is not allowed; choose a "
+                             f"non-empty subset of {list(RETAIL_TASK_KINDS)}")
         if self.now:
             from datetime import datetime
 
@@ -242,8 +258,17 @@ class RolloutConfig:
     """Ray GPUs per rollout worker."""
     max_restarts: int = 3
     """Times a crashed rollout worker is restarted."""
+    weight_sync: str = "object_store"
+    """How new weights reach the engines: object_store (full state dict through Ray, checked
+    with sha256; works anywhere) or collective (learner rank 0 broadcasts buckets in policy.dtype
+    to every engine worker over one process group: NCCL on GPUs, gloo on CPUs)."""
+    weight_sync_bucket_mb: float = 256.0
+    """For weight_sync=collective: the most megabytes one broadcast bucket holds (a larger tensor
+    gets a bucket of its own); two buckets are in memory at a time on each side."""
 
     def __post_init__(self) -> None:
+        _check_choice("rollout.weight_sync", self.weight_sync, ("object_store", "collective"))
+        _check_positive("rollout.weight_sync_bucket_mb", self.weight_sync_bucket_mb)
         _check_positive("rollout.num_workers", self.num_workers)
         _check_positive("rollout.episodes_in_flight", self.episodes_in_flight)
         _check_positive("rollout.trials_per_task", self.trials_per_task)
@@ -367,9 +392,18 @@ class AlgorithmConfig:
     kl_penalty: str = "low_var_kl"
     """verl KL estimator name."""
     critic_reward_weight: float = 0.0
-    """Weight of the critic's action-level verdicts added to the outcome reward."""
+    """Turn-level credit: each turn the critic judged gets this x (+1 valid, -1 invalid) added to
+    its advantage; a rejected proposal gets only this (never the trajectory's outcome)."""
+    max_collections_per_step: int = 3
+    """Sync mode: collections per optimizer step while dropped groups leave fewer than
+    learner.global_batch_size samples (each step trains on all it collected)."""
+    filter_zero_variance_groups: bool = True
+    """Drop GRPO trajectories whose group's raw outcomes are all equal and that carry no critic
+    credit (dynamic sampling on the raw outcome); counted as rollout/zero_variance_group_frac."""
     samples: list[str] = field(default_factory=lambda: ["outcome_groups"])
-    """Critique-aware sample kinds: outcome_groups, revision, supervised."""
+    """Critique-aware sample kinds (cast_rl.learner.critique_samples): outcome_groups (GRPO with
+    turn-level critic credit), revision, supervised (critique-enriched SFT), distill
+    (critique-free distillation of revisions), rft (successes without critique)."""
     steps: int = 10
     """Optimizer steps of policy optimisation."""
     mode: str = "sync"
@@ -408,8 +442,10 @@ class AlgorithmConfig:
         _check_positive("algorithm.tasks_per_step", self.tasks_per_step, allow_zero=True)
         _check_positive("algorithm.kl_coef", self.kl_coef, allow_zero=True)
         _check_positive("algorithm.steps", self.steps, allow_zero=True)
+        _check_positive("algorithm.max_collections_per_step", self.max_collections_per_step)
         for kind in self.samples:
-            _check_choice("algorithm.samples[]", kind, ("outcome_groups", "revision", "supervised"))
+            _check_choice("algorithm.samples[]", kind,
+                          ("outcome_groups", "revision", "supervised", "distill", "rft"))
 
 
 @dataclass(frozen=True)
@@ -468,9 +504,14 @@ class EvalConfig:
     """Task splits to evaluate; empty means env.split."""
     sample_trajectories: int = 4
     """Trajectories per configuration in the W&B table of samples with their critiques."""
+    in_domain: list[str] = field(default_factory=lambda: ["retail"])
+    """Domains the evaluated policy trained on: the report marks each domain in- or
+    out-of-domain (the paper trains on retail)."""
 
     def __post_init__(self) -> None:
         _check_positive("eval.trials", self.trials, allow_zero=True)
+        for domain in self.in_domain:
+            _check_choice("eval.in_domain[]", domain, ("retail", "airline", "telecom", "telehealth"))
         _check_positive("eval.sample_trajectories", self.sample_trajectories, allow_zero=True)
         for k in self.k_values:
             _check_positive("eval.k_values[]", k)

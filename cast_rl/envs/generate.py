@@ -31,7 +31,7 @@ from cast_rl.envs.retail_catalogue import (
     PRODUCTS,
     tool_schemas,
 )
-from cast_rl.envs.retail_tasks import build_tasks, random_address
+from cast_rl.envs.retail_tasks import KINDS, build_tasks, random_address
 from cast_rl.envs.types import Task
 
 _STATUS_WEIGHTS = (("pending", 0.42), ("delivered", 0.36), ("processed", 0.11), ("cancelled", 0.11))
@@ -170,15 +170,77 @@ def build_database(rng: random.Random, num_users: int) -> dict[str, dict[str, An
 
 
 def generate_retail(
-    seed: int, num_tasks: int
+    seed: int, num_tasks: int, kinds: tuple[str, ...] = KINDS, compact: bool = False
 ) -> tuple[dict[str, dict[str, Any]], list[Task], str, list[dict[str, Any]]]:
-    """Database, tasks, policy text and tool schemas for one seed (deterministic)."""
+    """Database, tasks, policy text and tool schemas for one seed (deterministic).
+
+    ``kinds`` restricts the task kinds (:data:`~cast_rl.envs.retail_tasks.KINDS`).  ``compact``
+    gives the compact setting: users always know their order ids (no searching through a
+    user's orders), the policy keeps only the rules of those kinds (:func:`compact_policy`) and
+    the tool list only the tools their gold actions call plus both authentication lookups, each
+    described by its name and parameters only, in the benchmark's order.  Database, tool
+    behaviour and reward are those of the full setting; only what the agent reads is shorter.
+    """
     if num_tasks < 1:
         raise ValueError(f"num_tasks={num_tasks} is not allowed; it must be >= 1")
     rng = random.Random(seed)
     db = build_database(rng, num_users=min(60, max(20, num_tasks)))
-    tasks = build_tasks(rng, db, num_tasks)
-    return db, tasks, POLICY, tool_schemas()
+    tasks = build_tasks(rng, db, num_tasks, tuple(kinds), unknown_id_rate=0.0 if compact else 0.3)
+    if not compact:
+        return db, tasks, POLICY, tool_schemas()
+    used = {a.name for t in tasks for a in t.actions} | set(_AUTH_TOOLS)
+    tools = [_bare(t) for t in tool_schemas() if t["function"]["name"] in used]
+    return db, tasks, compact_policy(kinds), tools
+
+
+def _bare(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool schema without descriptions (names, types, enums and required keys stay)."""
+    fn = tool["function"]
+    params = fn["parameters"]
+    props = {k: {f: v for f, v in p.items() if f != "description"} for k, p in params["properties"].items()}
+    return {"type": "function", "function": {"name": fn["name"], "parameters": {**params, "properties": props}}}
+
+
+_AUTH_TOOLS = ("find_user_id_by_email", "find_user_id_by_name_zip")
+_KIND_BULLETS = {
+    "cancel": ("- Cancel:",),
+    "modify_address": ("- Change the shipping",),
+    "modify_payment": ("- Change the shipping",),
+    "modify_items": ("- Change items",),
+    "return": ("- Return:",),
+    "exchange": ("- Exchange:",),
+    "user_address": (),
+}
+
+
+def compact_policy(kinds: tuple[str, ...]) -> str:
+    """The policy cut down to the general rules and the bullets of ``kinds`` (same wording).
+
+    Kept: the title, one line on whom the agent serves, the ``## Rules`` bullets except the
+    transfer rule, the order-status bullet, and each kind's own bullet under its section
+    heading.  Every kept sentence is the full policy's, so rule-based critiques quote it as they
+    quote the full one.
+    """
+    bullets: dict[str, list[str]] = {}
+    section = ""
+    for line in POLICY.splitlines():
+        if line.startswith("## "):
+            section = line
+        elif line.startswith("- "):
+            bullets.setdefault(section, []).append(line)
+        elif line.startswith("  ") and section in bullets:
+            bullets[section][-1] += "\n" + line
+    wanted = {p for k in kinds if k != "multi" for p in _KIND_BULLETS[k]}
+    if "multi" in kinds:
+        wanted |= {p for ps in _KIND_BULLETS.values() for p in ps}
+    out = ["# Retail agent policy", "", "You help one customer per conversation.", "", "## Rules"]
+    out += [b for b in bullets["## Rules"] if not b.startswith("- Transfer")]
+    out += [b for b in bullets["## Store facts"] if b.startswith("- Order statuses")]
+    for heading in ("## Pending orders", "## Delivered orders"):
+        kept = [b for b in bullets[heading] if b.startswith(tuple(wanted))]
+        if kept:
+            out += ["", heading, *kept]
+    return "\n".join(out) + "\n"
 
 
 def split_tasks(tasks: list[Task]) -> tuple[list[Task], list[Task]]:
@@ -192,10 +254,12 @@ def _dump(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
 
 
-def write_retail(out: str | Path, seed: int, num_tasks: int) -> dict[str, int]:
+def write_retail(
+    out: str | Path, seed: int, num_tasks: int, kinds: tuple[str, ...] = KINDS, compact: bool = False
+) -> dict[str, int]:
     """Generate and write a data directory; returns counts for a summary line."""
     out = Path(out)
-    db, tasks, policy, tools = generate_retail(seed, num_tasks)
+    db, tasks, policy, tools = generate_retail(seed, num_tasks, kinds, compact)
     (out / "db").mkdir(parents=True, exist_ok=True)
     for name, table in db.items():
         _dump(out / "db" / f"{name}.json", table)

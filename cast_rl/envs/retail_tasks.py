@@ -26,15 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cast_rl.config.schema import RETAIL_TASK_KINDS
 from cast_rl.envs.retail_catalogue import CITIES, STREETS
 from cast_rl.envs.types import Action, Task
 
 logger = logging.getLogger(__name__)
 
-KINDS = (
-    "cancel", "modify_items", "modify_address", "modify_payment", "return", "exchange",
-    "user_address", "multi",
-)
+KINDS = RETAIL_TASK_KINDS
 SINGLE_KINDS = KINDS[:-1]
 ANNOTATOR = "synthetic"
 REASON_TEXT = {
@@ -106,6 +104,8 @@ class _Plan:
     used_orders: frozenset[str] = frozenset()
     closed_users: frozenset[str] = frozenset()
     spent: dict[str, float] = field(default_factory=dict)
+    unknown_id_rate: float = 0.3
+    """Chance that the user does not know an order's id (when its items identify it)."""
 
     def balance(self, db: dict[str, Any], user_id: str, method_id: str) -> float:
         method = db["users"][user_id]["payment_methods"][method_id]
@@ -116,7 +116,7 @@ class _Plan:
         for method_id, amount in request.gift_spend:
             spent[method_id] = spent.get(method_id, 0.0) + amount
         closed = self.closed_users | ({user_id} if request.closes_user else set())
-        return _Plan(self.used_orders | set(request.orders), frozenset(closed), spent)
+        return _Plan(self.used_orders | set(request.orders), frozenset(closed), spent, self.unknown_id_rate)
 
 
 def _candidate_orders(
@@ -131,7 +131,7 @@ def _candidate_orders(
 
 
 def _order_reads(
-    rng: random.Random, db: dict[str, Any], user_id: str, order_id: str
+    rng: random.Random, db: dict[str, Any], plan: _Plan, user_id: str, order_id: str
 ) -> tuple[tuple[Action, ...], bool, str]:
     """Reads that find and check the order, whether they need the user's details, and its name."""
     order_ids = db["users"][user_id]["orders"]
@@ -140,7 +140,7 @@ def _order_reads(
         not names <= {item["name"] for item in db["orders"][other]["items"]}
         for other in order_ids if other != order_id
     )
-    if unique and rng.random() < 0.3:
+    if unique and rng.random() < plan.unknown_id_rate:
         searched = order_ids[: order_ids.index(order_id) + 1]
         reads = tuple(Action("get_order_details", {"order_id": oid}) for oid in searched)
         return reads, True, order_reference(db, order_id, knows_id=False)
@@ -150,7 +150,7 @@ def _order_reads(
 
 def _cancel(rng: random.Random, db: dict[str, Any], plan: _Plan, user_id: str) -> Request | None:
     for order_id in _candidate_orders(rng, db, plan, user_id, "pending"):
-        reads, needs_user, ref = _order_reads(rng, db, user_id, order_id)
+        reads, needs_user, ref = _order_reads(rng, db, plan, user_id, order_id)
         reason = rng.choice(sorted(REASON_TEXT))
         write = Action("cancel_pending_order", {"order_id": order_id, "reason": reason})
         text = f"You want to cancel {ref} because {REASON_TEXT[reason]}."
@@ -183,7 +183,7 @@ def _modify_address(
     rng: random.Random, db: dict[str, Any], plan: _Plan, user_id: str
 ) -> Request | None:
     for order_id in _candidate_orders(rng, db, plan, user_id, "pending"):
-        reads, needs_user, ref = _order_reads(rng, db, user_id, order_id)
+        reads, needs_user, ref = _order_reads(rng, db, plan, user_id, order_id)
         address = _new_address(rng, db["orders"][order_id]["address"])
         write = Action(
             "modify_pending_order_address", {"order_id": order_id, **address_kwargs(address)}
@@ -207,7 +207,7 @@ def _modify_payment(
         if not options:
             continue
         method_id = rng.choice(options)
-        reads, _, ref = _order_reads(rng, db, user_id, order_id)
+        reads, _, ref = _order_reads(rng, db, plan, user_id, order_id)
         write = Action(
             "modify_pending_order_payment", {"order_id": order_id, "payment_method_id": method_id}
         )
@@ -244,7 +244,7 @@ def _swap_items(
         if not options:
             continue
         method_id = rng.choice(options)
-        reads, _, ref = _order_reads(rng, db, user_id, order_id)
+        reads, _, ref = _order_reads(rng, db, plan, user_id, order_id)
         reads += tuple(
             Action("get_product_details", {"product_id": item["product_id"]}) for item in chosen
         )
@@ -275,7 +275,7 @@ def _return(rng: random.Random, db: dict[str, Any], plan: _Plan, user_id: str) -
         if gift_cards and rng.random() < 0.4:
             method_id = gift_cards[0]
         items = rng.sample(order["items"], rng.randint(1, min(2, len(order["items"]))))
-        reads, needs_user, ref = _order_reads(rng, db, user_id, order_id)
+        reads, needs_user, ref = _order_reads(rng, db, plan, user_id, order_id)
         write = Action("return_delivered_order_items", {
             "order_id": order_id,
             "item_ids": [item["item_id"] for item in items],
@@ -350,19 +350,20 @@ def _assemble(db: dict[str, Any], user_id: str, requests: list[Request], by_emai
     return Task(user_id, instruction, tuple(actions), annotator=ANNOTATOR)
 
 
-def _kinds_of(rng: random.Random, kind: str) -> list[str]:
+def _kinds_of(rng: random.Random, kind: str, allowed: tuple[str, ...] = KINDS) -> list[str]:
     if kind != "multi":
         return [kind]
-    pair = rng.sample(SINGLE_KINDS, 2)
+    singles = [k for k in SINGLE_KINDS if k in allowed]
+    pair = rng.sample(singles if len(singles) >= 2 else SINGLE_KINDS, 2)
     return sorted(pair, key=lambda k: k == "user_address")  # a zip change comes last
 
 
 def _find(
-    rng: random.Random, db: dict[str, Any], plan: _Plan, wanted: str
+    rng: random.Random, db: dict[str, Any], plan: _Plan, wanted: str, allowed: tuple[str, ...] = KINDS
 ) -> tuple[str, list[Request]] | None:
-    """A user and requests for ``wanted``, or for the next feasible kind."""
-    for kind in [wanted] + [k for k in KINDS if k != wanted]:
-        kinds = _kinds_of(rng, kind)
+    """A user and requests for ``wanted``, or for the next feasible kind of ``allowed``."""
+    for kind in [wanted] + [k for k in allowed if k != wanted]:
+        kinds = _kinds_of(rng, kind, allowed)
         users = list(db["users"])
         rng.shuffle(users)
         for user_id in users:
@@ -374,20 +375,31 @@ def _find(
     return None
 
 
-def build_tasks(rng: random.Random, db: dict[str, Any], num_tasks: int) -> list[Task]:
-    """``num_tasks`` tasks cycling through :data:`KINDS` (shuffled within each cycle)."""
+def build_tasks(
+    rng: random.Random, db: dict[str, Any], num_tasks: int, kinds: tuple[str, ...] = KINDS,
+    unknown_id_rate: float = 0.3,
+) -> list[Task]:
+    """``num_tasks`` tasks cycling through ``kinds`` (shuffled within each cycle).
+
+    With a subset of :data:`KINDS`, every task is of one of those kinds (``multi`` pairs two of
+    the chosen single kinds).  ``unknown_id_rate`` is the chance that the user describes an order
+    by its items instead of its id (the agent must then search the user's orders).
+    """
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        raise ValueError(f"task kinds {list(kinds)} are not allowed; choose from {list(KINDS)}")
     schedule: list[str] = []
     while len(schedule) < num_tasks:
-        cycle = list(KINDS)
+        cycle = list(kinds)
         rng.shuffle(cycle)
         schedule.extend(cycle)
-    plan = _Plan()
+    plan = _Plan(unknown_id_rate=unknown_id_rate)
     tasks = []
     reused = 0
     for wanted in schedule[:num_tasks]:
-        found = _find(rng, db, plan, wanted)
+        found = _find(rng, db, plan, wanted, kinds)
         if found is None:  # out of unused orders: plan this task against the fresh database
-            found = _find(rng, db, _Plan(), wanted)
+            found = _find(rng, db, _Plan(unknown_id_rate=unknown_id_rate), wanted, kinds)
             reused += 1
         assert found is not None, "a generated database always allows some request"
         user_id, requests = found

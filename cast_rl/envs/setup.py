@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from cast_rl.config.schema import CastConfig
+from cast_rl.config.schema import RETAIL_TASK_KINDS, CastConfig
 from cast_rl.envs.core import DomainData, fixed_clock, load_domain_data
 
 logger = logging.getLogger(__name__)
@@ -26,14 +26,21 @@ def data_dir_for(cfg: CastConfig) -> Path:
             f"env.data_dir='' is only allowed with env.domain='retail' (the generated default); "
             f"give the {cfg.env.domain} data directory"
         )
-    out = Path(cfg.run_dir) / "data" / f"retail-seed{cfg.env.generated_seed}-n{cfg.env.generated_tasks}"
+    env = cfg.env
+    name = f"retail-seed{env.generated_seed}-n{env.generated_tasks}"
+    if tuple(env.generated_kinds) != RETAIL_TASK_KINDS:
+        name += "-" + "+".join(env.generated_kinds)
+    if env.generated_compact:
+        name += "-compact"
+    out = Path(cfg.run_dir) / "data" / name
     if not out.exists():
         from cast_rl.envs.generate import write_retail
 
         logger.info("generating %d retail tasks (seed %d) in %s", cfg.env.generated_tasks, cfg.env.generated_seed, out)
         # Write beside the target and rename: processes racing on one node never see half a copy.
         tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-        write_retail(tmp, seed=cfg.env.generated_seed, num_tasks=cfg.env.generated_tasks)
+        write_retail(tmp, seed=env.generated_seed, num_tasks=env.generated_tasks,
+                     kinds=tuple(env.generated_kinds), compact=env.generated_compact)
         try:
             tmp.rename(out)
         except OSError:  # another process finished first; its copy is identical

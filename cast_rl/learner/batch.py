@@ -33,7 +33,8 @@ class MicroBatch:
     old_logprobs: torch.Tensor
     """(B, L-1) behaviour-policy logprob of each predicted token (0 where not policy)."""
     advantages: torch.Tensor
-    """(B, L-1) the sequence's advantage on its loss tokens, 0 elsewhere."""
+    """(B, L-1) each token's advantage (the sequence's, or its turn's span advantage) on loss
+    tokens, 0 elsewhere."""
     is_policy: torch.Tensor
     """(B,) bool: True takes the policy loss, False the supervised loss."""
 
@@ -72,6 +73,8 @@ def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
         mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
         old[i, :n] = torch.tensor(s.logprobs, dtype=torch.float32)
         adv[i, :n] = s.advantage
+        for start, end, value in s.span_advantages:
+            adv[i, int(start):int(end)] = value
     # The first token is never predicted: nothing before it, so it can carry no loss.
     loss_mask = mask[:, 1:]
     return MicroBatch(

@@ -1,69 +1,93 @@
 """Critique-aware training samples from trajectories, selected by ``algorithm.samples``.
 
-Three kinds, combinable (the builders are picked by name from :data:`SAMPLE_BUILDERS`):
+Every builder reads the runner's per-turn records (:class:`~cast_rl.rollout.trajectory.PolicyTurn`:
+the token span of each assistant message, its parsed action, the critic's verdict and whether it
+ran), never guesses turns from the loss mask.  A proposal the critic rejected never ran; no
+builder gives it a positive loss.  The kinds, combinable, are picked by name from
+:data:`SAMPLE_BUILDERS` (each of the paper's comparisons is one switch):
 
-``outcome_groups``
-    The G trials of one task in one collection form a group.  Reward = task outcome +
-    ``algorithm.critic_reward_weight`` x :func:`critic_score`.  Advantages come from verl's
-    estimator named by ``algorithm.adv_estimator`` (``get_adv_estimator_fn``), computed on the
-    token-level layout verl expects (reward on the last policy token, ``response_mask`` = the
-    trajectory's ``loss_mask``), so only policy tokens carry loss.
+``outcome_groups`` (GRPO with the critic in the loop)
+    The G trials of one task in one collection form a group; verl's estimator
+    (``algorithm.adv_estimator``) turns the raw task outcomes into one advantage per trajectory,
+    given to the tokens of the turns that ran.  Turn-level credit from the critic comes on top:
+    every turn the critic judged gets ``algorithm.critic_reward_weight`` x (+1 valid, -1 invalid)
+    on its own tokens, and a rejected proposal gets only that (never the trajectory's outcome).
+    With ``algorithm.filter_zero_variance_groups``, trajectories of groups whose raw outcomes are
+    all equal and that carry no critic credit are dropped (dynamic sampling on the raw outcome,
+    not on shaped rewards); :func:`zero_variance_groups` counts them for the metrics.
 
 ``revision``
-    Where a critique made the policy revise, the revised action is a sample of its own.
-    *Approximation*: the k-th assistant message of a trajectory is taken to be the k-th maximal
-    run of ``loss_mask`` = 1 tokens (each policy turn is one contiguous run of generated tokens
-    ending with its end-of-turn token), so the prompt is every token before that run and the
-    response is the run.  The revision of round r sits two messages after the rejected proposal
-    (proposal, critic message, revision).  Its reward is 1 when the critic was asked about it and
-    accepted it, 0 when it was malformed or rejected again (a later round on it exists), and the
-    sample is skipped when the verification budget ran out before the critic could judge it.
-    All revision samples of one collection form one verl group (a shared baseline).
+    Each revision the critic judged is a sample of its own: the prompt is everything before the
+    revision, the response its tokens; reward 1 when the critic accepted it, 0 when it rejected
+    it again or it was malformed.  All revision samples of a collection form one verl group.
 
-``supervised``
-    Successful (reward >= ``algorithm.success_threshold``) trajectories that a critique changed
-    train with masked next-token cross-entropy on their policy tokens; Parquet datasets
-    (critic data, rejection-sampling data) load through :func:`supervised_from_parquet`.
+``supervised`` (critique-enriched SFT, the paper's recipe)
+    Successful trajectories that a critique corrected, as they happened: critiques stay in the
+    context, the loss covers the turns that ran, a rejected proposal has mask 0.
+
+``distill`` (critique-free distillation)
+    The same trajectories with every rejected proposal and its critique cut out of the token
+    sequence, so the policy learns the corrected action in the context it had before the
+    critique (no critic needed at test time).  The cut is token-exact: the generation prompt
+    before the proposal is followed directly by the revision's tokens.
+
+``rft`` (rejection-sampling fine-tuning baseline)
+    Successful trajectories in which no critique happened; loss on every policy turn.
+
+Parquet datasets (critic data, rejection-sampling data) load through
+:func:`supervised_from_parquet`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from cast_rl.config.schema import CastConfig
 from cast_rl.learner.sample import Sample
-from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.rollout.trajectory import PolicyTurn, Trajectory
 
 logger = logging.getLogger(__name__)
 
+VERDICT_CREDIT = {"valid": 1.0, "invalid": -1.0}
+"""Turn-level process reward per critic verdict (unparsable and unchecked turns get none)."""
 
-def critic_score(traj: Trajectory) -> float:
-    """Fraction of the policy's proposed actions the critic did not reject, in [0, 1].
 
-    With ``info["critic_verdicts"]`` (one verdict string per critiqued action) it is the share
-    of ``"valid"`` verdicts.  Otherwise it is read from the verification rounds, which record
-    each rejected proposal: 1 - rejected / proposed, where proposed counts assistant messages.
-    Without any critique the score is 1, which shifts every reward of a group equally and so
-    leaves group-relative advantages unchanged.
+def policy_turns(traj: Trajectory) -> list[PolicyTurn]:
+    """The runner's turn records; a file without them is usable only when nothing was critiqued.
+
+    Trajectories written before turns were recorded have no spans: without critique rounds every
+    policy token belongs to a turn that ran, so the mask alone is exact; with rounds it is not,
+    and such a file is refused rather than guessed at.
     """
-    verdicts = traj.info.get("critic_verdicts")
-    if verdicts:
-        return sum(v == "valid" for v in verdicts) / len(verdicts)
-    proposed = sum(m.get("role") == "assistant" for m in traj.messages)
-    if not proposed:
-        return 1.0
-    return max(0.0, 1.0 - len(traj.verification_rounds) / proposed)
+    if traj.turns:
+        return traj.policy_turns()
+    if traj.verification_rounds:
+        raise ValueError(f"trajectory {traj.key} has verification rounds but no turn records "
+                         "(written by an older cast_rl); collect it again")
+    return []
 
 
-def shaped_reward(traj: Trajectory, critic_weight: float) -> float:
-    """Task outcome plus ``critic_weight`` times :func:`critic_score`."""
-    if critic_weight == 0.0:
-        return float(traj.reward)
-    return float(traj.reward) + critic_weight * critic_score(traj)
+def executed_mask(traj: Trajectory, turns: Sequence[PolicyTurn]) -> list[int]:
+    """1 on the generated tokens of turns that ran, 0 elsewhere (rejected proposals included)."""
+    if not turns:
+        return list(traj.loss_mask)
+    mask = [0] * len(traj.token_ids)
+    for turn in turns:
+        if turn.executed:
+            mask[turn.start:turn.end] = [1] * (turn.end - turn.start)
+    return mask
+
+
+def turn_credit(turns: Sequence[PolicyTurn], weight: float) -> list[tuple[int, int, float]]:
+    """(start, end, weight x verdict credit) for each turn the critic judged."""
+    if weight == 0.0:
+        return []
+    return [(t.start, t.end, weight * VERDICT_CREDIT[t.verdict]) for t in turns if t.verdict in VERDICT_CREDIT]
 
 
 def verl_advantages(
@@ -117,101 +141,145 @@ def sample_key(traj: Trajectory, round_id: str, kind: str, suffix: str = "") -> 
     return f"{base}/{suffix}" if suffix else base
 
 
-def outcome_group_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
-    """One policy sample per trajectory with group-relative advantages (see module doc)."""
-    usable = [t for t in trajs if any(t.loss_mask)]
-    if len(usable) < len(trajs):
-        logger.warning("skipped %d trajectories without policy tokens", len(trajs) - len(usable))
-    if not usable:
-        return []
-    algo = cfg.algorithm
-    rewards = [shaped_reward(t, algo.critic_reward_weight) for t in usable]
-    groups = [group_id(t, round_id) for t in usable]
-    advs = verl_advantages(rewards, [t.loss_mask for t in usable], groups, algo.adv_estimator, algo.norm_adv_by_std)
-    return [
-        Sample(
-            key=sample_key(t, round_id, "outcome"), source="outcome_groups", token_ids=list(t.token_ids),
-            loss_mask=list(t.loss_mask), logprobs=list(t.logprobs), advantage=a, reward=r,
-            policy_version=t.policy_version, group=g, critique_changed=bool(t.verification_rounds),
-            info={"outcome": float(t.reward), "critic_score": critic_score(t)},
-        )
-        for t, r, a, g in zip(usable, rewards, advs, groups)
-    ]
-
-
-def policy_turn_spans(loss_mask: Sequence[int]) -> list[tuple[int, int]]:
-    """[start, end) of each maximal run of 1s: one per policy turn (see module doc)."""
-    spans, start = [], None
-    for i, m in enumerate(loss_mask):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            spans.append((start, i))
-            start = None
-    if start is not None:
-        spans.append((start, len(loss_mask)))
-    return spans
-
-
-def revision_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
-    """A policy sample per judged revision; reward = the revision was valid (see module doc)."""
-    budget = cfg.critic.verification_budget
-    pending: list[tuple[Trajectory, int, tuple[int, int], float]] = []
+def zero_variance_groups(trajs: Sequence[Trajectory]) -> tuple[int, int]:
+    """(groups whose raw outcomes are all equal, groups): trajectories grouped by task."""
+    outcomes: dict[tuple, set[float]] = defaultdict(set)
     for t in trajs:
-        rounds = t.verification_rounds
-        if not rounds:
-            continue
-        assistant_idx = [i for i, m in enumerate(t.messages) if m.get("role") == "assistant"]
-        spans = policy_turn_spans(t.loss_mask)
-        if len(spans) != len(assistant_idx):
-            logger.warning("trajectory %s: %d policy spans for %d assistant messages; no revision "
-                           "samples from it", t.key, len(spans), len(assistant_idx))
-            continue
-        rejected = {r["message_index"] for r in rounds}
-        chain: dict[int, int] = {}  # message index -> how many rounds led to it
-        for r in sorted(rounds, key=lambda r: r["message_index"]):
-            depth = chain.get(r["message_index"], 0) + 1
-            revised_at = r["message_index"] + 2
-            chain[revised_at] = depth
-            if r.get("revision") is None or revised_at not in assistant_idx:
-                continue
-            if "malformed" in r["revision"] or revised_at in rejected:
-                reward = 0.0
-            elif depth < budget:
-                reward = 1.0  # the critic judged the revision and let it run
-            else:
-                continue  # budget spent: nobody judged it
-            pending.append((t, r["message_index"], spans[assistant_idx.index(revised_at)], reward))
-    if not pending:
+        outcomes[(t.domain, t.split, t.task_index)].add(float(t.reward))
+    return sum(len(v) == 1 for v in outcomes.values()), len(outcomes)
+
+
+def outcome_group_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
+    """One policy sample per trajectory: outcome advantage plus turn-level credit (module doc)."""
+    algo = cfg.algorithm
+    rows = []
+    for t in trajs:
+        turns = policy_turns(t)
+        mask = executed_mask(t, turns)
+        if any(mask):
+            rows.append((t, mask, turn_credit(turns, algo.critic_reward_weight)))
+    if len(rows) < len(trajs):
+        logger.warning("skipped %d trajectories without policy tokens", len(trajs) - len(rows))
+    if not rows:
         return []
-    group = f"{round_id}/revisions"
-    rewards = [p[3] for p in pending]
-    masks = [[1] * (p[2][1] - p[2][0]) for p in pending]
-    advs = verl_advantages(rewards, masks, [group] * len(pending), cfg.algorithm.adv_estimator,
-                           cfg.algorithm.norm_adv_by_std)
+    groups = [group_id(t, round_id) for t, _, _ in rows]
+    advs = verl_advantages([float(t.reward) for t, _, _ in rows], [m for _, m, _ in rows], groups,
+                           algo.adv_estimator, algo.norm_adv_by_std)
+    varied = {g for g in groups if len({float(t.reward) for (t, _, _), h in zip(rows, groups) if h == g}) > 1}
     out = []
-    for (t, msg_idx, (s, e), reward), adv in zip(pending, advs):
+    for (t, mask, credit), adv, g in zip(rows, advs, groups):
+        if algo.filter_zero_variance_groups and g not in varied and not credit:
+            continue  # nothing to learn: equal outcomes and no critic verdict
+        for start, end, _ in credit:  # judged turns carry loss, rejected ones too
+            mask[start:end] = [1] * (end - start)
         out.append(Sample(
-            key=sample_key(t, round_id, "revision", str(msg_idx)), source="revision",
-            token_ids=list(t.token_ids[:e]), loss_mask=[0] * s + [1] * (e - s),
-            logprobs=[0.0] * s + list(t.logprobs[s:e]), advantage=adv, reward=reward,
-            policy_version=t.policy_version, group=group, critique_changed=True,
-            info={"message_index": msg_idx},
+            key=sample_key(t, round_id, "outcome"), source="outcome_groups", token_ids=list(t.token_ids),
+            loss_mask=mask, logprobs=list(t.logprobs), advantage=adv, reward=float(t.reward),
+            policy_version=t.policy_version, group=g, critique_changed=bool(t.verification_rounds),
+            span_advantages=[[a, b, (adv if _ran(t, a) else 0.0) + v] for a, b, v in credit],
+            info={"outcome": float(t.reward), "zero_variance_group": g not in varied},
         ))
     return out
 
 
+def _ran(traj: Trajectory, start: int) -> bool:
+    return any(turn["start"] == start and turn["executed"] for turn in traj.turns)
+
+
+def revision_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
+    """A policy sample per judged revision; reward = the critic accepted it (module doc)."""
+    pending: list[tuple[Trajectory, PolicyTurn, float]] = []
+    for t in trajs:
+        turns = policy_turns(t)
+        for before, turn in zip(turns, turns[1:]):
+            if before.executed:
+                continue  # ``turn`` is not a revision
+            if turn.action is None:
+                reward = 0.0  # a malformed revision
+            elif turn.verdict in VERDICT_CREDIT:
+                reward = 1.0 if turn.verdict == "valid" else 0.0
+            else:
+                continue  # budget spent or the critic's answer unreadable: nobody judged it
+            pending.append((t, turn, reward))
+    if not pending:
+        return []
+    group = f"{round_id}/revisions"
+    rewards = [p[2] for p in pending]
+    masks = [[1] * (turn.end - turn.start) for _, turn, _ in pending]
+    advs = verl_advantages(rewards, masks, [group] * len(pending), cfg.algorithm.adv_estimator,
+                           cfg.algorithm.norm_adv_by_std)
+    out = []
+    for (t, turn, reward), adv in zip(pending, advs):
+        s, e = turn.start, turn.end
+        out.append(Sample(
+            key=sample_key(t, round_id, "revision", str(turn.message_index)), source="revision",
+            token_ids=list(t.token_ids[:e]), loss_mask=[0] * s + [1] * (e - s),
+            logprobs=[0.0] * s + list(t.logprobs[s:e]), advantage=adv, reward=reward,
+            policy_version=t.policy_version, group=group, critique_changed=True,
+            info={"message_index": turn.message_index},
+        ))
+    return out
+
+
+def _supervised(t: Trajectory, round_id: str, kind: str, ids: list[int], mask: list[int]) -> Sample:
+    return Sample(
+        key=sample_key(t, round_id, kind), source="supervised", token_ids=ids, loss_mask=mask,
+        logprobs=[0.0] * len(ids), reward=float(t.reward), policy_version=t.policy_version,
+        group=f"{round_id}/{kind}", critique_changed=bool(t.verification_rounds),
+    )
+
+
+def _corrected_successes(trajs: Sequence[Trajectory], cfg: CastConfig) -> list[Trajectory]:
+    threshold = cfg.algorithm.success_threshold
+    return [t for t in trajs if t.verification_rounds and t.reward >= threshold]
+
+
 def supervised_from_trajectories(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
-    """Cross-entropy samples from successful trajectories that a critique corrected."""
+    """Critique-enriched SFT: corrected successes as they ran; rejected proposals have mask 0."""
+    out = []
+    for t in _corrected_successes(trajs, cfg):
+        mask = executed_mask(t, policy_turns(t))
+        if any(mask):
+            out.append(_supervised(t, round_id, "supervised", list(t.token_ids), mask))
+    return out
+
+
+def distill_cut(t: Trajectory) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask) with each rejected proposal and its critique removed.
+
+    A rejected turn's tokens start right after the generation prompt; everything from there to
+    the start of the next turn (the proposal, its closing newline, the critic's message and the
+    next generation prompt) goes, so the revision follows the original generation prompt.
+    """
+    turns = policy_turns(t)
+    mask = executed_mask(t, turns)
+    cuts = [(turn.start, nxt.start) for turn, nxt in zip(turns, turns[1:]) if not turn.executed]
+    ids, keep = [], []
+    position = 0
+    for start, end in cuts:
+        ids += t.token_ids[position:start]
+        keep += mask[position:start]
+        position = end
+    return ids + t.token_ids[position:], keep + mask[position:]
+
+
+def distill_from_trajectories(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
+    """Critique-free distillation of the corrected successes (see :func:`distill_cut`)."""
+    out = []
+    for t in _corrected_successes(trajs, cfg):
+        ids, mask = distill_cut(t)
+        if any(mask):
+            out.append(_supervised(t, round_id, "distill", ids, mask))
+    return out
+
+
+def rft_from_trajectories(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
+    """RFT baseline: successful trajectories no critique touched, loss on every policy turn."""
     threshold = cfg.algorithm.success_threshold
     return [
-        Sample(
-            key=sample_key(t, round_id, "supervised"), source="supervised", token_ids=list(t.token_ids),
-            loss_mask=list(t.loss_mask), logprobs=[0.0] * len(t.token_ids), reward=float(t.reward),
-            policy_version=t.policy_version, group=f"{round_id}/supervised", critique_changed=True,
-        )
+        _supervised(t, round_id, "rft", list(t.token_ids), list(t.loss_mask))
         for t in trajs
-        if t.verification_rounds and t.reward >= threshold and any(t.loss_mask)
+        if not t.verification_rounds and t.reward >= threshold and any(t.loss_mask)
     ]
 
 
@@ -221,7 +289,11 @@ SAMPLE_BUILDERS: dict[str, SampleBuilder] = {
     "outcome_groups": outcome_group_samples,
     "revision": revision_samples,
     "supervised": supervised_from_trajectories,
+    "distill": distill_from_trajectories,
+    "rft": rft_from_trajectories,
 }
+SUPERVISED_KINDS = ("supervised", "distill", "rft")
+"""Kinds that give cross-entropy samples (the pipeline fine-tunes on them before any RL)."""
 
 
 def build_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:

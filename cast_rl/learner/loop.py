@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from cast_rl.config.schema import CastConfig
 from cast_rl.inference.weight_sync import state_checksum
 from cast_rl.learner import checkpoint
-from cast_rl.learner.critique_samples import build_samples
+from cast_rl.learner.critique_samples import build_samples, zero_variance_groups
 from cast_rl.learner.sample import Sample
 from cast_rl.rollout.trajectory import Trajectory
 from cast_rl.telemetry.metrics import MetricsLogger
@@ -140,9 +140,12 @@ def batch_metrics(batch: list[Sample], learner_version: int) -> dict[str, float]
 def collection_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     if not trajs:
         return {}
+    zero, groups = zero_variance_groups(trajs)
     return {
         "train/reward_mean": statistics.fmean(t.reward for t in trajs),
         "train/episodes": float(len(trajs)),
+        "rollout/critique_rounds": float(sum(len(t.verification_rounds) for t in trajs)),
+        "rollout/zero_variance_group_frac": zero / groups,
     }
 
 
@@ -180,11 +183,11 @@ class TrainLoop:
         self._last_collection = collection_metrics(trajs)
         return trajs, added.accepted
 
-    def update(self) -> dict[str, float]:
-        """Draw a global batch and take one optimizer step."""
+    def update(self, size: int | None = None) -> dict[str, float]:
+        """Draw a global batch (``size`` samples, default the configured one) and take one step."""
         t0 = time.perf_counter()
         version = self.learner.version
-        batch = self.buffer.sample(self.cfg.learner.global_batch_size, version)
+        batch = self.buffer.sample(size or self.cfg.learner.global_batch_size, version)
         wait_s = time.perf_counter() - t0
         out = batch_metrics(batch, version)
         out.update({f"train/{k}": v for k, v in self.learner.train_step(batch).items()})
@@ -249,11 +252,21 @@ class TrainLoop:
         return self.history
 
     def _run_sync(self, total: int) -> None:
+        """Collect, update, sync.  Dynamic sampling can leave a collection short of a batch (its
+        zero-variance groups dropped): collect again, up to ``algorithm.max_collections_per_step``
+        times, then train on everything held, so no sample outlives the weights that made it."""
         while self.state.step < total:
             t0 = time.perf_counter()
-            self.collect_and_label()
-            out = self.update()
-            out.update(self.sync())
+            held = 0
+            for _ in range(self.cfg.algorithm.max_collections_per_step):
+                held += self.collect_and_label()[1]
+                if held >= self.cfg.learner.global_batch_size:
+                    break
+            if held == 0:  # nothing to learn from this step's episodes; the weights stay
+                out = {**batch_metrics([], self.learner.version), "train/skipped_empty": 1.0}
+            else:
+                out = self.update(held)
+                out.update(self.sync())
             self._finish_step(out, t0)
 
     def _run_async(self, total: int) -> None:

@@ -7,9 +7,9 @@ the learner trains on.  Rollout trajectories become samples through
 Shapes: ``token_ids``, ``loss_mask`` and ``logprobs`` have one entry per token.  ``loss_mask`` is
 1 on tokens that carry loss (tokens the policy generated, or the target tokens of a supervised
 example) and 0 elsewhere; ``logprobs`` holds the behaviour policy's log-probability of each
-policy token (0.0 elsewhere, and 0.0 everywhere for supervised samples).  ``advantage`` is one
-number per sequence: every outcome advantage estimator we allow gives the same value on all of a
-sequence's tokens.
+policy token (0.0 elsewhere, and 0.0 everywhere for supervised samples).  ``advantage`` is the
+sequence's outcome advantage (every outcome estimator we allow gives one value per sequence);
+``span_advantages`` overrides it on the token ranges of turns that have their own credit.
 
 This module does not import torch: the replay buffer and its Ray actor stay light.
 """
@@ -46,6 +46,9 @@ class Sample:
     """Advantage group (GRPO: all trials of one task in one collection)."""
     critique_changed: bool = False
     """A critique made the policy revise somewhere in this sequence (priority sampling)."""
+    span_advantages: list[list[float]] = field(default_factory=list)
+    """``[start, end, value]`` token ranges whose advantage is ``value`` instead of
+    ``advantage`` (turn-level credit: a turn the critic judged, a rejected proposal)."""
     info: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

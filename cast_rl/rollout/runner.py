@@ -21,7 +21,7 @@ import logging
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from cast_rl.config.schema import CastConfig
@@ -31,7 +31,7 @@ from cast_rl.envs.types import RESPOND, Action
 from cast_rl.envs.users import build_user
 from cast_rl.inference.base import GenerationTimeout, InferenceEngine, Sampling
 from cast_rl.rollout.tokens import ConversationTokens
-from cast_rl.rollout.trajectory import CRITIC_NAME, Trajectory, VerificationRound
+from cast_rl.rollout.trajectory import CRITIC_NAME, PolicyTurn, Trajectory, VerificationRound
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +137,7 @@ class EpisodeRunner:
         conv = ConversationTokens(engine.tokenizer, self.data.tools)
         versions = {self.policy_version()}
         rounds: list[VerificationRound] = []
+        turns: list[PolicyTurn] = []
         counters = {"malformed_calls": 0, "extra_calls_dropped": 0, "prompt_tokens": 0}
         reward, termination = 0.0, "max_steps"
         try:
@@ -144,7 +145,7 @@ class EpisodeRunner:
             conv.add_context([{"role": "system", "content": self.data.policy}, {"role": "user", "content": first}])
             steps = 0
             while steps < self.cfg.env.max_steps:
-                action, message = await self._propose(engine, conv, sampling, spec, rounds, counters, versions)
+                action, message = await self._propose(engine, conv, sampling, spec, rounds, turns, counters, versions)
                 if action is None:
                     termination = message
                     break
@@ -180,7 +181,7 @@ class EpisodeRunner:
         except asyncio.TimeoutError:  # the user's opening message
             termination = "user_timeout"
         conv.finish()
-        return self._record(spec, conv, reward, termination, rounds, counters, versions, t0)
+        return self._record(spec, conv, reward, termination, rounds, turns, counters, versions, t0)
 
     def _episode_engine(self, spec: EpisodeSpec) -> Any:
         """The engine serving one episode: the shared one, or the task's own expert."""
@@ -190,7 +191,7 @@ class EpisodeRunner:
 
         return expert_engine(self.engine.tokenizer, self.data.task(spec.split, spec.task_index), self.data.spec)
 
-    async def _propose(self, engine, conv, sampling, spec, rounds, counters, versions):  # noqa: ANN001, ANN202
+    async def _propose(self, engine, conv, sampling, spec, rounds, turns, counters, versions):  # noqa: ANN001, ANN202
         """Generate an action, running critique-revise rounds; returns (action, message).
 
         The action is an :class:`Action`, an error-observation string for a malformed turn, or
@@ -205,14 +206,20 @@ class EpisodeRunner:
             versions.add(self.policy_version())
             message, parsed = conv.add_policy_turn(completion)
             action = _to_action(parsed, counters)
+            turn = PolicyTurn(len(conv.messages) - 1, *conv.last_span,
+                              action.to_json() if isinstance(action, Action) else None,
+                              action if isinstance(action, str) else None)
+            turns.append(turn)
             if rounds and rounds[-1].revision is None and rounds[-1].message_index < len(conv.messages) - 1:
                 rounds[-1].revision = action.to_json() if isinstance(action, Action) else {"malformed": action}
             if isinstance(action, str) or round_index >= self.budget:
                 return action, message
             (critique,) = await self.verifier.verify([self._request(conv, action)])
             self.stats.critiques += 1
+            turn.verdict, turn.error_type = critique.verdict, critique.error_type
             if critique.verdict != "invalid":
                 return action, message
+            turn.executed = False
             rounds.append(VerificationRound(len(conv.messages) - 1, action.to_json(), critique.to_json()))
             conv.add_context([{"role": "user", "name": CRITIC_NAME, "content": critique.text}])
             round_index += 1
@@ -244,7 +251,7 @@ class EpisodeRunner:
             messages=[dict(m) for m in conv.messages[:-1]], proposal=action.to_json(),
         )
 
-    def _record(self, spec, conv, reward, termination, rounds, counters, versions, t0) -> Trajectory:  # noqa: ANN001
+    def _record(self, spec, conv, reward, termination, rounds, turns, counters, versions, t0) -> Trajectory:  # noqa: ANN001
         s = self.stats
         s.episodes += 1
         s.policy_tokens += conv.policy_tokens
@@ -258,7 +265,8 @@ class EpisodeRunner:
             trial=spec.trial, reward=reward, policy_version=min(versions),
             messages=conv.messages, token_ids=conv.token_ids, loss_mask=conv.loss_mask,
             logprobs=conv.logprobs,
-            verification_rounds=[r.__dict__ for r in rounds],
+            verification_rounds=[asdict(r) for r in rounds],
+            turns=[asdict(t) for t in turns],
             info={
                 "termination": termination,
                 "policy_versions": sorted(versions),

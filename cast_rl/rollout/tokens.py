@@ -45,6 +45,8 @@ class ConversationTokens:
         self._newline_pending = False
         self._open_prompt = (0, 0)  # (tokens, chars) of a generation prompt not yet answered
         self.policy_tokens = 0
+        self.last_span = (0, 0)
+        """[start, end) in ``token_ids`` of the latest policy turn's generated ids."""
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
@@ -89,6 +91,7 @@ class ConversationTokens:
         ids, logprobs = list(completion.token_ids), list(completion.logprobs)
         if len(logprobs) != len(ids):
             logprobs = (logprobs + [0.0] * len(ids))[: len(ids)]
+        self.last_span = (len(self.token_ids), len(self.token_ids) + len(ids))
         self.token_ids += ids
         self.loss_mask += [1] * len(ids)
         self.logprobs += logprobs

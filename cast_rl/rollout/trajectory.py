@@ -6,6 +6,7 @@ One line per episode::
      "reward": 1.0, "policy_version": 4,
      "messages": [...],             # OpenAI-style: system, user, assistant (tool_calls), tool
      "verification_rounds": [...],  # critic-in-the-loop rounds, see VerificationRound
+     "turns": [...],                # per assistant message: token span, action, verdict (PolicyTurn)
      "token_ids": [...], "loss_mask": [...], "logprobs": [...],
      "info": {...}}                 # termination, malformed calls, token counts, timings
 
@@ -46,6 +47,32 @@ class VerificationRound:
 
 
 @dataclass
+class PolicyTurn:
+    """One assistant message as the runner saw it: its tokens, its action and the critic's word.
+
+    Written by the runner while the episode runs, so readers (labeller, learner, viewer) take
+    spans and actions from here instead of re-parsing text or guessing turns from the mask.
+    """
+
+    message_index: int
+    """Index in ``messages`` of the assistant message."""
+    start: int
+    """First token of the policy's generated ids for this turn in ``token_ids``."""
+    end: int
+    """One past the last generated id (the end-of-turn token included when generated)."""
+    action: dict[str, Any] | None
+    """The parsed action ``{"name", "kwargs"}``; None for a malformed turn."""
+    error: str | None = None
+    """The error observation a malformed turn got."""
+    verdict: str | None = None
+    """The critic's verdict on this proposal (valid, invalid, unparsable); None if unchecked."""
+    error_type: str | None = None
+    """The critic's error type when it judged the proposal."""
+    executed: bool = True
+    """False when the critic rejected the proposal (it never ran; a revision follows)."""
+
+
+@dataclass
 class Trajectory:
     """One episode with its outcome and exact token bookkeeping."""
 
@@ -61,6 +88,12 @@ class Trajectory:
     logprobs: list[float] = field(default_factory=list)
     verification_rounds: list[dict[str, Any]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    """One :class:`PolicyTurn` (as a dict) per assistant message, in order; empty in files
+    written before turns were recorded (readers then fall back where they can)."""
+
+    def policy_turns(self) -> list[PolicyTurn]:
+        return [PolicyTurn(**t) for t in self.turns]
 
     @property
     def key(self) -> tuple[str, str, int, int]:
@@ -112,6 +145,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "logprobs": (list,),
     "verification_rounds": (list,),
     "info": (dict,),
+    "turns": (list,),
 }
 
 

@@ -1,8 +1,9 @@
-"""Critique-aware samples: outcome groups with critic shaping, revisions, supervised data."""
+"""Critique-aware samples: GRPO with turn credit, revisions, critique-enriched SFT, distillation, RFT."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,20 +12,20 @@ import pytest
 from transformers import AutoTokenizer
 
 from cast_rl.config import load_config
+from cast_rl.learner.batch import collate
 from cast_rl.learner.critique_samples import (
     build_samples,
-    critic_score,
-    policy_turn_spans,
+    distill_cut,
     revision_samples,
-    shaped_reward,
     supervised_from_parquet,
     verl_advantages,
+    zero_variance_groups,
 )
-from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.rollout.trajectory import PolicyTurn, Trajectory
 
 # A critiqued episode, laid out like the rollout runner writes it:
 # 0 system, 1 user, 2 assistant (rejected), 3 critic, 4 assistant (revision, accepted), 5 tool,
-# 6 assistant (final answer).  Policy turns are the runs of 1s in loss_mask.
+# 6 assistant (final answer).  The runner records each assistant message's span in ``turns``.
 MESSAGES = [
     {"role": "system", "content": "policy"},
     {"role": "user", "content": "cancel my order"},
@@ -39,60 +40,108 @@ MASK = [0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1, 1, 1, 0]
 LOGPROBS = [-0.5 * m for m in MASK]
 ROUND = {"message_index": 2, "proposal": {"name": "cancel", "kwargs": {}},
          "critique": {"verdict": "invalid"}, "revision": {"name": "find_user", "kwargs": {}}}
+CANCEL, FIND = {"name": "cancel", "kwargs": {}}, {"name": "find_user", "kwargs": {}}
+REJECTED = PolicyTurn(2, 4, 7, CANCEL, verdict="invalid", error_type="policy_violation", executed=False)
+ACCEPTED = PolicyTurn(4, 10, 12, FIND, verdict="valid", error_type="none")
+FINAL = PolicyTurn(6, 15, 19, {"name": "respond", "kwargs": {"content": "done"}})
+TURNS = [asdict(t) for t in (REJECTED, ACCEPTED, FINAL)]
+PLAIN_TURNS = [asdict(PolicyTurn(2, 4, 7, CANCEL)), asdict(PolicyTurn(4, 10, 12, FIND)), asdict(FINAL)]
 
 
 def _traj(task: int, trial: int, reward: float, rounds: list | None = None, **kw) -> Trajectory:
+    kw.setdefault("turns", TURNS if rounds else PLAIN_TURNS)
     return Trajectory(domain="retail", split="test", task_index=task, trial=trial, reward=reward,
                       policy_version=3, messages=MESSAGES, token_ids=TOKENS, loss_mask=MASK,
                       logprobs=LOGPROBS, verification_rounds=rounds or [], **kw)
 
 
-def test_critic_score_from_rounds_and_from_verdicts() -> None:
-    assert critic_score(_traj(0, 0, 1.0)) == 1.0
-    assert critic_score(_traj(0, 0, 1.0, [ROUND])) == pytest.approx(1 - 1 / 3)  # 1 of 3 rejected
-    t = _traj(0, 0, 1.0, info={"critic_verdicts": ["valid", "invalid", "valid", "valid"]})
-    assert critic_score(t) == 0.75
-    assert shaped_reward(t, 0.5) == pytest.approx(1.375)
-    assert shaped_reward(t, 0.0) == 1.0
+def _advantages(sample) -> list[float]:  # noqa: ANN001
+    """The per-token advantages the learner trains with (target frame shifted back by one)."""
+    batch = collate([sample], pad_id=0)
+    return [0.0] + batch.advantages[0].tolist()
 
 
-def test_outcome_groups_use_verl_advantages_per_task_and_only_policy_tokens() -> None:
-    cfg = load_config(None, ["algorithm.critic_reward_weight=0.5"])
+def test_outcome_groups_use_verl_advantages_on_raw_outcomes_and_only_executed_tokens() -> None:
+    cfg = load_config(None, ["algorithm.filter_zero_variance_groups=false"])
     trajs = [_traj(0, 0, 1.0), _traj(0, 1, 0.0, [ROUND]), _traj(1, 0, 1.0), _traj(1, 1, 1.0)]
     samples = build_samples(trajs, cfg, "r7")
     assert [s.source for s in samples] == ["outcome_groups"] * 4
-    rewards = [1.5, 0.5 * (1 - 1 / 3), 1.5, 1.5]
-    assert [s.reward for s in samples] == pytest.approx(rewards)
-    expected = verl_advantages(rewards, [MASK] * 4, ["a", "a", "b", "b"], "grpo")
+    assert [s.reward for s in samples] == [1.0, 0.0, 1.0, 1.0]
+    executed = [0] * 10 + [1, 1, 0, 0, 0, 1, 1, 1, 1, 0]
+    expected = verl_advantages([1.0, 0.0, 1.0, 1.0], [MASK, executed, MASK, MASK], ["a", "a", "b", "b"], "grpo")
     assert [s.advantage for s in samples] == pytest.approx(expected)
-    assert samples[2].advantage == 0.0  # equal rewards in a group: no signal
-    assert samples[0].loss_mask == MASK and samples[1].critique_changed and not samples[0].critique_changed
+    assert samples[2].advantage == 0.0  # equal outcomes in a group: no signal
+    # critic_reward_weight 0: the rejected proposal (tokens 4-6) carries no loss at all
+    assert samples[1].loss_mask == executed and samples[0].loss_mask == MASK
+    assert samples[1].critique_changed and not samples[0].critique_changed
     assert len({s.key for s in samples}) == 4 and samples[0].group == "r7/retail/test/0"
 
 
+def test_rejected_proposal_gets_its_own_negative_credit_never_the_outcome() -> None:
+    cfg = load_config(None, ["algorithm.critic_reward_weight=0.5"])
+    trajs = [_traj(0, 0, 0.0), _traj(0, 1, 1.0, [ROUND])]  # the corrected trial succeeded
+    _, corrected = build_samples(trajs, cfg, "r0")
+    assert corrected.advantage > 0
+    adv = _advantages(corrected)
+    assert corrected.loss_mask == MASK  # the judged proposal now carries loss ...
+    assert adv[4:7] == pytest.approx([-0.5] * 3)  # ... with the critic's -1 only, though the task succeeded
+    assert adv[10:12] == pytest.approx([corrected.advantage + 0.5] * 2)  # accepted revision: outcome + valid
+    assert adv[15:19] == pytest.approx([corrected.advantage] * 4)  # unjudged turn: the outcome
+    assert max(adv[4:7]) < 0
+
+
+def test_zero_variance_groups_are_dropped_unless_the_critic_gives_credit() -> None:
+    trajs = [_traj(0, 0, 1.0), _traj(0, 1, 1.0), _traj(1, 0, 1.0), _traj(1, 1, 0.0)]
+    assert zero_variance_groups(trajs) == (1, 2)
+    samples = build_samples(trajs, load_config(None, []), "r0")
+    assert [s.key.split("/")[3] for s in samples] == ["1", "1"]
+    with_credit = [_traj(0, 0, 1.0, [ROUND]), _traj(0, 1, 1.0)]
+    cfg = load_config(None, ["algorithm.critic_reward_weight=0.2"])
+    kept = build_samples(with_credit, cfg, "r0")
+    assert len(kept) == 1 and kept[0].critique_changed
+
+
 def test_revision_sample_is_the_prompt_up_to_the_revision_and_its_tokens() -> None:
-    assert policy_turn_spans(MASK) == [(4, 7), (10, 12), (15, 19)]
     cfg = load_config(None, ["critic.verification_budget=2", "algorithm.samples=[revision]"])
     accepted = _traj(0, 0, 0.0, [ROUND])
-    rejected_again = _traj(0, 1, 0.0, [ROUND, {**ROUND, "message_index": 4, "revision": None}])
-    samples = revision_samples([accepted, rejected_again], cfg, "r0")
-    assert len(samples) == 2
+    again = [asdict(REJECTED), {**asdict(ACCEPTED), "verdict": "invalid", "executed": False}, asdict(FINAL)]
+    rejected_again = _traj(0, 1, 0.0, [ROUND, {**ROUND, "message_index": 4, "revision": None}], turns=again)
+    unjudged = _traj(0, 2, 0.0, [ROUND], turns=[asdict(REJECTED), asdict(PolicyTurn(4, 10, 12, FIND)), asdict(FINAL)])
+    samples = revision_samples([accepted, rejected_again, unjudged], cfg, "r0")
+    assert len(samples) == 2  # the budget ran out before anyone judged the third revision
     first = samples[0]
     assert first.token_ids == TOKENS[:12]
     assert first.loss_mask == [0] * 10 + [1, 1]
     assert first.logprobs[10:] == [-0.5, -0.5] and first.reward == 1.0
     assert samples[1].reward == 0.0 and samples[0].advantage > 0 > samples[1].advantage
-    # budget 1: nobody judged the revision, so there is no sample
-    assert revision_samples([accepted], load_config(None, ["critic.verification_budget=1"]), "r0") == []
 
 
-def test_supervised_samples_from_successful_corrected_trajectories() -> None:
-    cfg = load_config(None, ["algorithm.samples=[supervised,outcome_groups]"])
+def test_sft_kinds_mask_rejected_proposals_distill_cuts_them_rft_takes_uncritiqued() -> None:
     trajs = [_traj(0, 0, 1.0, [ROUND]), _traj(0, 1, 1.0), _traj(0, 2, 0.0, [ROUND])]
-    samples = build_samples(trajs, cfg, "r1")
-    sup = [s for s in samples if s.source == "supervised"]
-    assert len(sup) == 1 and sup[0].loss_mask == MASK and not sup[0].is_policy
-    assert len([s for s in samples if s.source == "outcome_groups"]) == 3
+    for kind, expected_keys in (("supervised", ["0"]), ("distill", ["0"]), ("rft", ["1"])):
+        cfg = load_config(None, [f"algorithm.samples=[{kind}]"])
+        samples = build_samples(trajs, cfg, "r1")
+        assert [s.key.split("/")[4] for s in samples] == expected_keys, kind
+        assert all(s.source == "supervised" and not s.is_policy for s in samples)
+    (sft,) = build_samples(trajs, load_config(None, ["algorithm.samples=[supervised]"]), "r1")
+    assert sft.token_ids == TOKENS and sft.loss_mask[4:7] == [0, 0, 0]  # the rejected proposal
+    assert sft.loss_mask[10:12] == [1, 1] and sft.loss_mask[15:19] == [1] * 4  # its revision and after
+    (distilled,) = build_samples(trajs, load_config(None, ["algorithm.samples=[distill]"]), "r1")
+    # tokens 4..9 (proposal, critique, next generation prompt) are gone: the revision follows 0..3
+    assert distilled.token_ids == TOKENS[:4] + TOKENS[10:]
+    assert distilled.loss_mask == [0] * 4 + [1, 1, 0, 0, 0, 1, 1, 1, 1, 0]
+    (rft,) = build_samples(trajs, load_config(None, ["algorithm.samples=[rft]"]), "r1")
+    assert rft.loss_mask == MASK
+
+
+def test_distill_cut_without_rounds_is_the_identity() -> None:
+    t = _traj(0, 0, 1.0)
+    assert distill_cut(t) == (TOKENS, MASK)
+
+
+def test_critiqued_trajectory_without_turn_records_is_refused() -> None:
+    with pytest.raises(ValueError, match="no turn records"):
+        build_samples([_traj(0, 0, 1.0, [ROUND], turns=[])], load_config(None, ["algorithm.samples=[supervised]"]), "r")
 
 
 def test_supervised_samples_from_parquet(learner_model_dir: Path, tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ class RetailRules(DomainRules):
     write_tools = frozenset({*_NEEDS_STATUS, "modify_user_address"})
     terminate_tools = frozenset({"transfer_to_human_agents"})
     confirm_keys = {
-        "cancel_pending_order": ("order_id",),
+        "cancel_pending_order": ("order_id", "reason"),
         "modify_pending_order_address": ("order_id",),
         "modify_pending_order_items": ("order_id",),
         "modify_pending_order_payment": ("order_id",),

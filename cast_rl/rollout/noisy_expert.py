@@ -1,0 +1,244 @@
+"""A noisy expert: a teacher policy that solves generated tasks but makes CAST's errors at set rates.
+
+The embedded default warm-starts its tiny policy on demonstrations of this teacher, so that the
+policy inherits the mistakes CAST exists to catch and the critic has real errors to stop:
+
+``missing_confirmation``
+    runs a write without first listing its details and waiting for a "yes" (policy violation;
+    the outcome is unharmed, the policy is not);
+``wrong_argument``
+    runs a write with an argument the user did not ask for (a cancel with the other reason):
+    the task fails unless a critic stops it;
+``fabricated_id``
+    calls a tool on an id that appears nowhere (one digit of the order id changed): the tool
+    rejects it and the teacher retries, a wasted step.
+
+Each episode draws at most one error (probability ``error_rate``, kind uniformly from
+``error_kinds``) from a seed derived from the episode, so a trial replays identically.  The
+teacher is reactive: every turn it reads the conversation from the prompt (which gold actions
+ran without an error, what the user last said, whether a critic just rejected a proposal) and
+takes the next step of the task's gold actions, asking the user for identity, for a missing
+cancel reason and for confirmation as the policy requires.  After a critique it proposes the
+correct step (it never repeats an error), which is what critique-corrected data looks like.
+
+The engine speaks token ids like a real one (:class:`~cast_rl.inference.base.InferenceEngine`):
+it decodes the prompt, decides, and returns the canonical token ids of its turn.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from cast_rl.envs.types import RESPOND, Action, Task
+from cast_rl.inference.base import Completion, Sampling
+
+ERROR_KINDS = ("missing_confirmation", "wrong_argument", "fabricated_id")
+IDENTITY_QUESTION = "Could you give me your email, or your first name, last name and zip code?"
+REASON_QUESTION = "What is the reason for the cancellation: no longer needed or ordered by mistake?"
+DONE = "Done. Is there anything else I can help you with?"
+GOODBYE = "Thank you. Goodbye."
+_TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.S)
+_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
+_CRITIQUE = "VERDICT: invalid"
+_OTHER_REASON = {"no longer needed": "ordered by mistake", "ordered by mistake": "no longer needed"}
+
+
+def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
+    """A tool call exactly as the chat template renders it."""
+    payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{payload}\n</tool_call>"
+
+
+def draw_error(seed: int, error_rate: float, kinds: tuple[str, ...]) -> str | None:
+    """The error an episode will make (or None), reproducible from ``seed``."""
+    rng = random.Random(seed)
+    if not kinds or rng.random() >= error_rate:
+        return None
+    return rng.choice(sorted(kinds))
+
+
+def episode_seed(seed: int, key: tuple[str, int, int]) -> int:
+    return zlib.crc32(repr(("noisy-expert", seed, key)).encode()) & 0x7FFFFFFF
+
+
+@dataclass
+class _Seen:
+    """What the conversation so far shows."""
+
+    done: int
+    """Gold actions that ran without an error, in order."""
+    last_role: str
+    last_text: str
+    critiqued: bool
+    """The last message is a critic's rejection."""
+    asked_reason: bool
+    confirmed: str
+    """The assistant's last confirmation question, when the user's latest reply is a yes to it
+    (a proposal a critic rejected since then does not count as a reply)."""
+
+
+class NoisyExpertEngine:
+    """One episode's teacher: the next step of ``task``'s gold actions, with one drawn error."""
+
+    def __init__(self, tokenizer: Any, task: Task, write_tools: frozenset[str], error: str | None) -> None:
+        if error is not None and error not in ERROR_KINDS:
+            raise ValueError(f"error={error!r} is not allowed; choose one of {ERROR_KINDS}")
+        self.tokenizer = tokenizer
+        self.task = task
+        self.write_tools = write_tools
+        self.error = error
+        self.made_error = False
+        self._eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+        self._gold = [a for a in task.actions if a.name != RESPOND]
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
+        body = self.next_turn(self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
+        ids = [*self.tokenizer(body, add_special_tokens=False).input_ids, self._eos]
+        return Completion(text=body, token_ids=ids, logprobs=[0.0] * len(ids))
+
+    async def chat(self, messages, sampling, tools=None):  # noqa: ANN001, ANN201
+        raise NotImplementedError("NoisyExpertEngine only serves token prompts")
+
+    async def close(self) -> None:
+        return None
+
+    # ------------------------------------------------------------------ the policy
+
+    def next_turn(self, prompt: str) -> str:
+        seen = self._read(prompt)
+        if seen.last_role == "system" or (seen.last_role == "user" and seen.done == 0 and not self._asked_identity(prompt)):
+            return IDENTITY_QUESTION
+        if seen.done >= len(self._gold):
+            return DONE if seen.last_role == "tool" else GOODBYE
+        action = self._gold[seen.done]
+        if seen.last_role == "tool" and seen.done and self._gold[seen.done - 1].name in self.write_tools:
+            return DONE
+        if action.name not in self.write_tools:
+            return self._call(action, seen)
+        if seen.confirmed == _confirmation(action):
+            return self._call(action, seen)
+        if action.name == "cancel_pending_order" and not seen.asked_reason:
+            return self._maybe("missing_confirmation", seen, action) or REASON_QUESTION
+        return self._maybe("missing_confirmation", seen, action) or _confirmation(action)
+
+    def _maybe(self, kind: str, seen: _Seen, action: Action) -> str | None:
+        """The erroneous turn of ``kind`` when it is this episode's error and not yet made."""
+        if self.error != kind or self.made_error or seen.critiqued:
+            return None
+        self.made_error = True
+        if kind == "missing_confirmation":
+            return tool_call_text(action.name, action.kwargs)
+        kwargs = dict(action.kwargs)
+        if kind == "wrong_argument":
+            kwargs["reason"] = _OTHER_REASON[kwargs["reason"]]
+        else:  # fabricated_id
+            kwargs["order_id"] = _change_digit(kwargs["order_id"])
+        return tool_call_text(action.name, kwargs)
+
+    def _call(self, action: Action, seen: _Seen) -> str:
+        if action.name == "cancel_pending_order":
+            wrong = self._maybe("wrong_argument", seen, action)
+            if wrong:
+                return wrong
+        if "order_id" in action.kwargs and action.name == "get_order_details":
+            wrong = self._maybe("fabricated_id", seen, action)
+            if wrong:
+                return wrong
+        return tool_call_text(action.name, action.kwargs)
+
+    # ------------------------------------------------------------------ reading the prompt
+
+    def _read(self, prompt: str) -> _Seen:
+        done, last_role, last_text = 0, "system", ""
+        asked_reason = critiqued = False
+        pending: str | None = None  # the tool name of the assistant's last call
+        confirm_question, confirmed, before = "", "", ("", "")
+        for role, text in _TURN.findall(prompt):
+            if role == "assistant":
+                calls = _CALL.findall(text)
+                pending = json.loads(calls[0]).get("name") if calls else None
+                before = (last_text, confirmed)
+                if not calls:
+                    asked_reason |= text == REASON_QUESTION
+                    confirm_question = text if text.startswith("I will ") else confirm_question
+                last_role, last_text, critiqued, confirmed = "assistant", text, False, ""
+                continue
+            responses = _RESPONSE.findall(text)
+            if responses:
+                ok = pending is not None and not responses[0].startswith("Error")
+                if ok and done < len(self._gold) and pending == self._gold[done].name:
+                    done += 1
+                last_role, last_text, pending = "tool", responses[0], None
+                continue
+            if role == "user" and text.startswith(_CRITIQUE):  # the proposal never ran
+                last_role, critiqued, pending = "user", True, None
+                last_text, confirmed = before
+                continue
+            if role == "user":
+                yes = text.lower().startswith("yes") and last_text == confirm_question
+                confirmed = confirm_question if yes else ""
+                last_role, last_text, critiqued = "user", text, False
+        return _Seen(done, last_role, last_text, critiqued, asked_reason, confirmed)
+
+    @staticmethod
+    def _asked_identity(prompt: str) -> bool:
+        return IDENTITY_QUESTION in prompt
+
+
+def _details(action: Action) -> str:
+    return f"call {action.name} with {json.dumps(action.kwargs, ensure_ascii=False)}"
+
+
+def _confirmation(action: Action) -> str:
+    return f"I will {_details(action)}. Do you confirm (yes/no)?"
+
+
+def _change_digit(order_id: str) -> str:
+    digits = list(order_id)
+    last = len(digits) - 1
+    digits[last] = str((int(digits[last]) + 1) % 10)
+    return "".join(digits)
+
+
+def collect_noisy_demonstrations(
+    cfg: Any, data: Any, tokenizer: Any, split: str, trials: int, error_rate: float,
+    error_kinds: tuple[str, ...], critic_share: float,
+) -> list[Any]:
+    """``trials`` teacher episodes per task of ``split``, through the real episode runner.
+
+    A ``critic_share`` of the episodes (chosen per episode from its seed) run with the rule critic
+    in the loop at budget 1, so the demonstrations hold rejected proposals, critiques and the
+    corrected step; the rest show the teacher's errors unchecked.  Each trajectory's ``info``
+    records ``teacher_error`` (the drawn kind or None) and whether the critic was on.
+    """
+    import asyncio
+    import dataclasses
+
+    from cast_rl.critique.verifier import RuleVerifier
+    from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
+
+    specs = [EpisodeSpec(split, i, t) for i in range(len(data.tasks(split))) for t in range(trials)]
+    checked = dataclasses.replace(cfg, critic=dataclasses.replace(cfg.critic, verification_budget=1))
+    verifier = RuleVerifier({data.spec.name: data.tools})
+
+    async def one(spec: EpisodeSpec) -> Any:
+        seed = episode_seed(cfg.seed, spec.key)
+        error = draw_error(seed, error_rate, error_kinds)
+        with_critic = random.Random(seed + 1).random() < critic_share
+        engine = NoisyExpertEngine(tokenizer, data.task(split, spec.task_index), data.spec.write_tools, error)
+        runner = EpisodeRunner(checked if with_critic else cfg, data, engine, verifier if with_critic else None)
+        traj = await runner.run(spec)
+        traj.policy_version = -1  # not produced by any policy version
+        traj.info.update(demonstration=True, teacher_error=error, teacher_critic=with_critic)
+        return traj
+
+    async def run_all() -> list[Any]:
+        return list(await asyncio.gather(*(one(s) for s in specs)))
+
+    return asyncio.run(run_all())
