@@ -97,7 +97,8 @@ def run_eval(cfg: CastConfig, out_dir: str | Path, group: Any = None) -> dict[st
             ensure_policy_model(domain_cfg, data)
             init_ray(domain_cfg, parts=("rollout", "critic") if max(budgets) else ("rollout",))
         _collect_domain(domain_cfg, data, n, runs, paths, group)
-    report = build_report(list(runs.values()), cfg.eval.k_values or None, labeller_judge(data_by_domain))
+    report = build_report(list(runs.values()), cfg.eval.k_values or None, labeller_judge(data_by_domain),
+                          in_domain=cfg.eval.in_domain)
     written = write_report(report, out_dir)
     with MetricsLogger(cfg.logging, cfg.run_dir, config=to_dict(cfg), job_type="eval") as log:
         log.log(flat_metrics(report))

@@ -96,19 +96,25 @@ class EvalRun:
         return f"critic B={b} ({self.critic.split(':')[0]})" if self.critic else f"critic B={b}"
 
 
-def build_report(runs: list[EvalRun], k_values: list[int] | None = None, judge: Judge | None = None) -> dict[str, Any]:
-    """The JSON report of the module docstring; ``judge`` enables the false-positive rate."""
+def build_report(
+    runs: list[EvalRun], k_values: list[int] | None = None, judge: Judge | None = None,
+    in_domain: list[str] | None = None,
+) -> dict[str, Any]:
+    """The JSON report of the module docstring; ``judge`` enables the false-positive rate;
+    ``in_domain`` (the domains the policy trained on) marks each group in- or out-of-domain."""
     names = [run.name for run in runs]
     if len(set(names)) != len(names):
         raise ValueError(f"each configuration must be evaluated once, got {names}")
     return {
         "schema_version": SCHEMA_VERSION,
         "success": "reward is within 1e-6 of 1 (bounds included)",
-        "configurations": [_configuration(run, k_values, judge) for run in runs],
+        "configurations": [_configuration(run, k_values, judge, in_domain) for run in runs],
     }
 
 
-def _configuration(run: EvalRun, k_values: list[int] | None, judge: Judge | None) -> dict[str, Any]:
+def _configuration(
+    run: EvalRun, k_values: list[int] | None, judge: Judge | None, in_domain: list[str] | None = None
+) -> dict[str, Any]:
     if not run.trajectories:
         raise ValueError(f"configuration {run.name} has no trajectories")
     results = [TrialResult(t.task_index, t.trial, t.reward, t.domain, t.split) for t in run.trajectories]
@@ -125,7 +131,12 @@ def _configuration(run: EvalRun, k_values: list[int] | None, judge: Judge | None
             "success_rate": sum(map(is_success, rewards)) / len(rewards),
             "pass^k": as_keys(table),
         }
+    if in_domain is not None:
+        for group in groups.values():
+            group["in_domain"] = group["domain"] in in_domain
+    overall = _overall(results, k_values) if len(groups) > 1 else None
     return {
+        **({"overall": overall} if overall else {}),
         "name": run.name,
         "label": run.label,
         "verification_budget": run.verification_budget,
@@ -134,6 +145,22 @@ def _configuration(run: EvalRun, k_values: list[int] | None, judge: Judge | None
         "groups": groups,
         "critic": critic_metrics(run.trajectories, run.verification_budget, run.critiques, judge, run.unparsable),
         "cost": _cost(run.trajectories),
+    }
+
+
+def _overall(results: list[TrialResult], k_values: list[int] | None) -> dict[str, Any] | None:
+    """pass^k over every task of every domain/split together (None when their n differ)."""
+    tasks: dict[tuple[str, str, Any], list[float]] = {}
+    for (domain, split), by_task in group_rewards(results).items():
+        for task, rewards in by_task.items():
+            tasks[(domain, split, task)] = list(rewards)
+    if len({len(r) for r in tasks.values()}) != 1:
+        return None
+    rewards = [r for task in tasks.values() for r in task]
+    return {
+        "tasks": len(tasks), "n": len(next(iter(tasks.values()))),
+        "success_rate": sum(map(is_success, rewards)) / len(rewards),
+        "pass^k": as_keys(passk(tasks, k_values)),
     }
 
 
@@ -161,7 +188,8 @@ def render_markdown(report: dict[str, Any], plots: list[Path] | None = None, bas
         present = [c for c in configs if key in c["groups"]]
         first = present[0]["groups"][key]
         ks = list(first["pass^k"])
-        lines += [f"## pass^k: {key} ({first['tasks']} tasks, n = {first['n']} trials each)", ""]
+        where = {True: ", in-domain", False: ", out-of-domain"}.get(first.get("in_domain"), "")  # type: ignore[call-overload]
+        lines += [f"## pass^k: {key} ({first['tasks']} tasks, n = {first['n']} trials each{where})", ""]
         lines += _table(
             ["configuration", "budget", *ks, "reward mean"],
             [
@@ -169,6 +197,12 @@ def render_markdown(report: dict[str, Any], plots: list[Path] | None = None, bas
                 for c in present
             ],
         )
+    overall = [c for c in configs if c.get("overall")]
+    if overall:
+        ks = list(overall[0]["overall"]["pass^k"])
+        lines += [f"## pass^k: overall ({overall[0]['overall']['tasks']} tasks of every domain/split)", ""]
+        lines += _table(["configuration", "budget", *ks],
+                        [[c["label"], c["verification_budget"], *c["overall"]["pass^k"].values()] for c in overall])
     lines += [
         "## Critic and cost", "",
         "Critiques and flags are totals; tokens and wall time are means per episode (one trial of "
