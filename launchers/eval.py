@@ -10,6 +10,7 @@ configuration runs the same (split, task, trial) units with the same per-episode
 so the configurations differ only by the critic.  Writes, under the output directory::
 
     trajectories/<configuration>.jsonl   (no_critic, critic_b1, ...; streamed as episodes end)
+    config.json                          the resolved config (``cast-rl view`` finds the data by it)
     report.json, summary.md, plots/*.png (see cast_rl.eval.report)
 
 and logs ``eval/`` metrics plus a W&B table of sample trajectories with their critiques.
@@ -18,6 +19,7 @@ and logs ``eval/`` metrics plus a W&B table of sample trajectories with their cr
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from dataclasses import replace
@@ -87,6 +89,7 @@ def run_eval(cfg: CastConfig, out_dir: str | Path, group: Any = None) -> dict[st
     for path in paths.values():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("")
+    (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))  # cast-rl view finds the data by it
     data_by_domain: dict[str, Any] = {}
     if group is not None and len(domain_configs(cfg)) > 1:
         raise ValueError("run_eval(group=...) serves one domain; leave eval.domains empty or pass no group")

@@ -29,7 +29,10 @@ JSON report schema (``schema_version`` 1)::
               "tasks": 24, "n": 4,               # n: trials per task
               "reward_mean": 0.41,
               "success_rate": 0.40,              # successful trials / trials
-              "pass^k": {"pass^1": 0.40, "pass^2": 0.31, "pass^3": 0.27, "pass^4": 0.25}
+              "pass^k": {"pass^1": 0.40, "pass^2": 0.31, "pass^3": 0.27, "pass^4": 0.25},
+              "pass^k_ci": {"pass^1": [0.27, 0.53], ...},   # 95% interval, bootstrap over tasks
+              "pass^k_mdd": {"pass^1": 0.21, ...},        # minimum detectable difference | null
+              "task_successes": {"0": 3, "1": 0, ...}    # successes of each task out of n
             }
           },
           "critic": {                            # see cast_rl.eval.critic
@@ -45,11 +48,19 @@ JSON report schema (``schema_version`` 1)::
             "wall_s": 3.2                        # seconds from reset to the episode's end
           }
         }
+      ],
+      "uncertainty": {"method": ..., "confidence": 0.95, "resamples": 10000, "seed": 0, "mdd": ...},
+      "comparisons": [                           # paired over the tasks both ran
+        {"kind": "with - without critic", "a": "critic_b1", "b": "no_critic",
+         "label": "critic B=1 - no critic", "group": "retail/test", "tasks": 24,
+         "pass^k": {"pass^1": {"difference": 0.05, "ci": [-0.04, 0.14], "includes_zero": true,
+                               "mdd": 0.12 | null}}}
       ]
     }
 
 ``pass^k`` holds k = 1..n unless the caller names k values (see :mod:`cast_rl.eval.passk` for
-the success rule and the formula).
+the success rule and the formula); intervals, paired differences and the minimum detectable
+difference are explained in :mod:`cast_rl.eval.uncertainty`.
 """
 
 from __future__ import annotations
@@ -62,6 +73,12 @@ from typing import Any
 
 from cast_rl.eval.critic import Judge, critic_metrics
 from cast_rl.eval.passk import TrialResult, as_keys, group_rewards, is_success, passk
+from cast_rl.eval.uncertainty import (
+    critic_comparisons,
+    interval_metadata,
+    passk_interval,
+    passk_mdd,
+)
 from cast_rl.rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -105,10 +122,13 @@ def build_report(
     names = [run.name for run in runs]
     if len(set(names)) != len(names):
         raise ValueError(f"each configuration must be evaluated once, got {names}")
+    configurations = [_configuration(run, k_values, judge, in_domain) for run in runs]
     return {
         "schema_version": SCHEMA_VERSION,
         "success": "reward is within 1e-6 of 1 (bounds included)",
-        "configurations": [_configuration(run, k_values, judge, in_domain) for run in runs],
+        "configurations": configurations,
+        "uncertainty": interval_metadata(),
+        "comparisons": critic_comparisons(configurations),
     }
 
 
@@ -122,14 +142,19 @@ def _configuration(
     for (domain, split), tasks in sorted(group_rewards(results).items()):
         rewards = [r for task in tasks.values() for r in task]
         table = passk(tasks, k_values)
+        n = len(next(iter(tasks.values())))
+        successes = {str(task): sum(map(is_success, tasks[task])) for task in sorted(tasks, key=_task_order)}
         groups[f"{domain}/{split}"] = {
             "domain": domain,
             "split": split,
             "tasks": len(tasks),
-            "n": len(next(iter(tasks.values()))),
+            "n": n,
             "reward_mean": sum(rewards) / len(rewards),
             "success_rate": sum(map(is_success, rewards)) / len(rewards),
             "pass^k": as_keys(table),
+            "pass^k_ci": passk_interval(list(successes.values()), n, list(table)),
+            "pass^k_mdd": passk_mdd(list(successes.values()), n, list(table)),
+            "task_successes": successes,
         }
     if in_domain is not None:
         for group in groups.values():
@@ -157,11 +182,18 @@ def _overall(results: list[TrialResult], k_values: list[int] | None) -> dict[str
     if len({len(r) for r in tasks.values()}) != 1:
         return None
     rewards = [r for task in tasks.values() for r in task]
+    n, table = len(next(iter(tasks.values()))), passk(tasks, k_values)
+    successes = [sum(map(is_success, r)) for r in tasks.values()]
     return {
-        "tasks": len(tasks), "n": len(next(iter(tasks.values()))),
+        "tasks": len(tasks), "n": n,
         "success_rate": sum(map(is_success, rewards)) / len(rewards),
-        "pass^k": as_keys(passk(tasks, k_values)),
+        "pass^k": as_keys(table),
+        "pass^k_ci": passk_interval(successes, n, list(table)),  # every task of every group resampled together
     }
+
+
+def _task_order(task: Any) -> tuple[int, Any]:
+    return (0, task) if isinstance(task, int) else (1, str(task))
 
 
 def _cost(trajectories: list[Trajectory]) -> dict[str, float]:
@@ -184,6 +216,9 @@ def render_markdown(report: dict[str, Any], plots: list[Path] | None = None, bas
     """A summary a person reads: a pass^k table per domain/split, then critic and cost."""
     configs = report["configurations"]
     lines = ["# Evaluation", "", f"A trial succeeds when its {report['success']}.", ""]
+    if report.get("viewer"):
+        lines += [f"Trajectory viewer (every episode, its critiques and labels; open in a browser): "
+                  f"[{report['viewer']}]({report['viewer']})", ""]
     for key in group_keys(report):
         present = [c for c in configs if key in c["groups"]]
         first = present[0]["groups"][key]
@@ -191,18 +226,26 @@ def render_markdown(report: dict[str, Any], plots: list[Path] | None = None, bas
         where = {True: ", in-domain", False: ", out-of-domain"}.get(first.get("in_domain"), "")  # type: ignore[call-overload]
         lines += [f"## pass^k: {key} ({first['tasks']} tasks, n = {first['n']} trials each{where})", ""]
         lines += _table(
-            ["configuration", "budget", *ks, "reward mean"],
+            ["configuration", "budget", *ks, "reward mean", "MDD " + "/".join(ks)],
             [
-                [c["label"], c["verification_budget"], *c["groups"][key]["pass^k"].values(), c["groups"][key]["reward_mean"]]
+                [c["label"], c["verification_budget"], *_with_intervals(c["groups"][key]),
+                 c["groups"][key]["reward_mean"],
+                 " / ".join(_cell(v) for v in c["groups"][key].get("pass^k_mdd", {}).values()) or "-"]
                 for c in present
             ],
         )
+        if "pass^k_ci" in first:
+            lines += [
+                "Brackets: 95% interval (bootstrap over tasks). MDD: the smallest difference from an "
+                "uncorrelated configuration this suite detects (80% power, 5% level).", "",
+            ]
     overall = [c for c in configs if c.get("overall")]
     if overall:
         ks = list(overall[0]["overall"]["pass^k"])
         lines += [f"## pass^k: overall ({overall[0]['overall']['tasks']} tasks of every domain/split)", ""]
         lines += _table(["configuration", "budget", *ks],
-                        [[c["label"], c["verification_budget"], *c["overall"]["pass^k"].values()] for c in overall])
+                        [[c["label"], c["verification_budget"], *_with_intervals(c["overall"])] for c in overall])
+    lines += _comparison_lines(report.get("comparisons") or [])
     lines += [
         "## Critic and cost", "",
         "Critiques and flags are totals; tokens and wall time are means per episode (one trial of "
@@ -225,6 +268,38 @@ def render_markdown(report: dict[str, Any], plots: list[Path] | None = None, bas
             rel = path.relative_to(base) if base is not None else path
             lines += [f"![{path.stem}]({rel.as_posix()})", ""]
     return "\n".join(lines)
+
+
+def _with_intervals(group: dict[str, Any]) -> list[str]:
+    """pass^k cells, each with its interval when the report has one."""
+    cis = group.get("pass^k_ci", {})
+    return [
+        f"{value:.3f} [{cis[name][0]:.3f}, {cis[name][1]:.3f}]" if name in cis else _cell(value)
+        for name, value in group["pass^k"].items()
+    ]
+
+
+def _comparison_lines(comparisons: list[dict[str, Any]]) -> list[str]:
+    """The paired differences, "(includes 0)" marking those the data cannot tell from none."""
+    if not comparisons:
+        return []
+    ks = list(dict.fromkeys(k for c in comparisons for k in c["pass^k"]))
+    lines = [
+        "## Paired differences", "",
+        "A - B over the tasks both ran, tasks resampled together; 95% intervals. "
+        "**(includes 0)** marks a difference this suite cannot tell from none. "
+        "MDD: the smallest true difference this pairing detects with 80% power at the 5% level.", "",
+    ]
+    rows = []
+    for c in comparisons:
+        cells = []
+        for k in ks:
+            d = c["pass^k"].get(k)
+            cells.append("-" if d is None else f"{d['difference']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]"
+                         + (" **(includes 0)**" if d["includes_zero"] else ""))
+        mdd = " / ".join(_cell(c["pass^k"][k]["mdd"]) for k in ks if k in c["pass^k"])
+        rows.append([c["label"], c["group"], c["tasks"], *cells, mdd])
+    return lines + _table(["A - B", "domain/split", "tasks", *ks, "MDD " + "/".join(ks)], rows)
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
@@ -263,6 +338,9 @@ def flat_metrics(report: dict[str, Any]) -> dict[str, float]:
         for key, group in c["groups"].items():
             for name, value in group["pass^k"].items():
                 out[f"eval/{c['name']}/{key}/{name}"] = value
+            for name, (low, high) in group.get("pass^k_ci", {}).items():
+                out[f"eval/{c['name']}/{key}/{name}_ci_low"] = low
+                out[f"eval/{c['name']}/{key}/{name}_ci_high"] = high
             out[f"eval/{c['name']}/{key}/reward_mean"] = group["reward_mean"]
         for name, value in {**c["critic"], **c["cost"]}.items():
             if value is not None:

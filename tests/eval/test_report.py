@@ -112,9 +112,17 @@ def test_report_json_summary_and_plots(runs: list[EvalRun], tmp_path: Path) -> N
     assert judged["false_positive_rate"] == pytest.approx(1 / 8)
 
     summary = paths["summary"].read_text()
-    assert "| configuration | budget | pass^1 | pass^2 | pass^3 | reward mean |" in summary
-    assert "| critic B=2 | 2 | 0.667 | 0.444 | 0.333 |" in summary
-    assert "| no critic | 0 | 0.444 | 0.333 | 0.333 |" in summary
+    assert "| configuration | budget | pass^1 | pass^2 | pass^3 | reward mean | MDD pass^1/pass^2/pass^3 |" in summary
+    # per-task pass^1 of critic B=2 is 2/3, 1/3, 1: with 3 tasks the expanded percentile
+    # interval reaches the extremes a resample can take, all-1/3 and all-1
+    assert "| critic B=2 | 2 | 0.667 [0.333, 1.000] | 0.444 [" in summary
+    assert "| no critic | 0 | 0.444 [0.000, 1.000] | 0.333 [" in summary
+    assert "| critic B=2 - no critic | retail/test | 3 | +0.222 [+0.000, +0.333] **(includes 0)** |" in summary
+    assert configs["critic_b2"]["groups"]["retail/test"]["task_successes"] == {"0": 2, "1": 1, "2": 3}
+    assert configs["critic_b2"]["groups"]["retail/test"]["pass^k_ci"]["pass^1"] == pytest.approx([1 / 3, 1.0])
+    (comparison,) = loaded["comparisons"]
+    assert (comparison["a"], comparison["b"], comparison["tasks"]) == ("critic_b2", "no_critic", 3)
+    assert comparison["pass^k"]["pass^1"]["difference"] == pytest.approx(2 / 9)
     plots = sorted((tmp_path / "plots").glob("*.png"))
     assert [p.name for p in plots] == ["passk_vs_budget_retail_test.png", "passk_vs_k_retail_test.png"]
     for p in plots:

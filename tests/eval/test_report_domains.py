@@ -37,6 +37,8 @@ def test_groups_are_marked_and_overall_pools_every_task() -> None:
     assert config["groups"]["retail/test"]["pass^k"] == {"pass^1": 0.75, "pass^2": 0.5}
     assert config["groups"]["telecom/test"]["pass^k"] == {"pass^1": 0.5, "pass^2": 0.5}
     # overall: tasks with c = 2, 1, 0, 2 -> pass^1 = (1 + .5 + 0 + 1) / 4, pass^2 = (1 + 0 + 0 + 1) / 4
+    # with 4 tasks, one never and two always solved, the 95% interval spans every resample's mean
+    assert config["overall"].pop("pass^k_ci") == {"pass^1": [0.0, 1.0], "pass^2": [0.0, 1.0]}
     assert config["overall"] == {"tasks": 4, "n": 2, "success_rate": 0.625,
                                  "pass^k": {"pass^1": 0.625, "pass^2": 0.5}}
     text = render_markdown(report)
