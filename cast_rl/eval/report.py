@@ -35,6 +35,8 @@ JSON report schema (``schema_version`` 1)::
               "task_successes": {"0": 3, "1": 0, ...}    # successes of each task out of n
             }
           },
+          "overall": {"tasks", "n", "success_rate", "pass^k", "pass^k_ci"},   # two or more groups:
+                                                 # every task pooled (absent when their n differ)
           "critic": {                            # see cast_rl.eval.critic
             "critiques": 310 | null, "flags": 42, "flags_per_episode": 0.44,
             "flag_rate": 0.14 | null, "correction_rate": 0.6 | null,
