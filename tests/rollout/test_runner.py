@@ -174,7 +174,7 @@ def test_hung_tool_and_user_become_recorded_failures(setup, monkeypatch: pytest.
         async def step(self, message):  # noqa: ANN001, ANN202
             await asyncio.sleep(30)
 
-    monkeypatch.setattr("cast_rl.rollout.runner.build_user", lambda *a: SlowUser())
+    monkeypatch.setattr("cast_rl.rollout.runner.build_user", lambda *a, **kw: SlowUser())
     _, (traj,) = _run(cfg, data, ScriptedEngine(tok, ["Hello"]), [EpisodeSpec("train", 0, 0)])
     assert traj.info["termination"] == "user_timeout"
 
