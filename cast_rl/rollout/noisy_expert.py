@@ -18,7 +18,10 @@ Each episode draws at most one error (probability ``error_rate``, kind uniformly
 teacher is reactive: every turn it reads the conversation from the prompt (which gold actions
 ran without an error, what the user last said, whether a critic just rejected a proposal) and
 takes the next step of the task's gold actions, asking the user for identity, for a missing
-cancel reason and for confirmation as the policy requires.  After a critique it proposes the
+cancel reason and for confirmation as the policy requires.  Unlike the gold-plan expert
+(:mod:`cast_rl.rollout.expert`, whose identity question and call format it shares) it never
+uses what the user has not said: it asks for the cancel reason instead of reading it from the
+gold action.  After a critique it proposes the
 correct step (it never repeats an error), which is what critique-corrected data looks like.
 
 The engine speaks token ids like a real one (:class:`~cast_rl.inference.base.InferenceEngine`):
@@ -36,9 +39,9 @@ from typing import Any
 
 from cast_rl.envs.types import RESPOND, Action, Task
 from cast_rl.inference.base import Completion, Sampling
+from cast_rl.rollout.expert import IDENTITY_QUESTION, tool_call_text
 
 ERROR_KINDS = ("missing_confirmation", "wrong_argument", "fabricated_id")
-IDENTITY_QUESTION = "Could you give me your email, or your first name, last name and zip code?"
 REASON_QUESTION = "What is the reason for the cancellation: no longer needed or ordered by mistake?"
 DONE = "Done. Is there anything else I can help you with?"
 GOODBYE = "Thank you. Goodbye."
@@ -47,12 +50,6 @@ _CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 _RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
 _CRITIQUE = "VERDICT: invalid"
 _OTHER_REASON = {"no longer needed": "ordered by mistake", "ordered by mistake": "no longer needed"}
-
-
-def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
-    """A tool call exactly as the chat template renders it."""
-    payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    return f"<tool_call>\n{payload}\n</tool_call>"
 
 
 def draw_error(seed: int, error_rate: float, kinds: tuple[str, ...]) -> str | None:
