@@ -14,8 +14,9 @@ gather, rank 0 returns the full state dict as the *value* of a Ray call (stored 
 object store) and its checksum as a second small return value, so
 :meth:`LearnerGroup.publish_weights` hands out an ObjectRef that many readers fetch
 (``num_returns=2``: the driver reads the checksum without pulling the weights).
-On GPUs :meth:`LearnerGroup.init_weight_broadcast` and :meth:`LearnerGroup.broadcast_weights`
-broadcast from rank 0 to the engines over a dedicated group instead (:mod:`cast_rl.learner.nccl_sync`).
+With ``rollout.weight_sync=collective`` (the cluster path) nothing goes through the object store:
+rank 0 and the engines' workers form a dedicated group and every update is broadcast in buckets
+(:class:`BroadcastTicket`, :mod:`cast_rl.learner.nccl_sync`), NCCL on GPUs and gloo on CPUs.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 import ray
 
 from cast_rl.config.schema import CastConfig
+from cast_rl.inference.weight_sync import WeightSyncError
 from cast_rl.learner.batch import shard
 from cast_rl.learner.sample import Sample
 
@@ -88,27 +90,37 @@ class LearnerWorkerActor:
     def logprobs(self, samples: list[Sample]) -> list[list[float]]:
         return self.engine.logprobs(samples)
 
-    def init_weight_broadcast(self, master_addr: str, master_port: int, world_size: int) -> None:
-        """Rank 0 only: host the learner-to-engines group (NCCL on GPUs, gloo on CPUs)."""
+    def init_weight_broadcast(self, master_addr: str, master_port: int, world_size: int, backend: str = "",
+                              timeout_s: float = 600.0) -> None:
+        """Rank 0 only: host the learner-to-engines group (NCCL when learner and engines are on
+        GPUs, gloo otherwise; gloo buffers live on the CPU)."""
+        import torch
+
         from cast_rl.learner.nccl_sync import WeightBroadcaster, weight_sync_group
 
-        backend = "nccl" if self.engine.device.type == "cuda" else "gloo"
-        group = weight_sync_group(master_addr, master_port, 0, world_size, backend)
-        self.broadcaster = WeightBroadcaster(group, self.engine.device)
+        backend = backend or ("nccl" if self.engine.device.type == "cuda" else "gloo")
+        group = weight_sync_group(master_addr, master_port, 0, world_size, backend, timeout_s)
+        device = self.engine.device if backend == "nccl" else torch.device("cpu")
+        self.broadcaster = WeightBroadcaster(group, device, timeout_s)
 
-    def prepare_broadcast(self) -> Any:
-        """Collective gather; rank 0 keeps the weights and returns their WeightMeta."""
-        state = self.engine.full_state_dict()
+    def plan_broadcast(self, bucket_bytes: int, dtype: str, checksum_kind: str) -> Any:
+        """Rank 0: the bucket plan of the current weights (no gather: shapes and dtypes only)."""
+        import torch
+
+        from cast_rl.learner.nccl_sync import plan_for
+
+        return plan_for(self.engine.version, self.engine.param_shapes(), bucket_bytes, getattr(torch, dtype),
+                        checksum_kind)
+
+    def broadcast(self, meta: Any) -> str:
+        """Collective over the learner ranks (one parameter gathered at a time); rank 0 sends
+        every bucket to the engines, which receive meanwhile.  Rank 0 returns the fingerprint."""
+        params = self.engine.iter_full_params()
         if self.rank != 0:
-            return None
-        self._pending = state
-        return self.broadcaster.prepare(self.engine.version, state)
-
-    def broadcast(self, meta: Any) -> int:
-        """Rank 0: send the prepared weights (receivers call ``receive(meta)`` meanwhile)."""
-        state, self._pending = self._pending, None
-        self.broadcaster.send(meta, state)
-        return meta.version
+            for _ in params:
+                pass
+            return ""
+        return self.broadcaster.send(meta, params)
 
 
 class LearnerGroup:
@@ -117,7 +129,8 @@ class LearnerGroup:
     def __init__(self, cfg: CastConfig, num_workers: int | None = None) -> None:
         self.cfg = cfg
         n = num_workers or cfg.learner.num_workers
-        options = {"num_cpus": cfg.learner.num_cpus_per_worker, "num_gpus": cfg.learner.num_gpus_per_worker}
+        options = {"num_cpus": cfg.learner.num_cpus_per_worker, "num_gpus": cfg.learner.num_gpus_per_worker,
+                   "resources": dict(cfg.learner.ray_resources)}
         actor: Any = LearnerWorkerActor
         self.workers = [actor.options(**options).remote(cfg, r, n) for r in range(n)]
         ip, port = ray.get(self.workers[0].address.remote())
@@ -134,28 +147,45 @@ class LearnerGroup:
         return results[0]
 
     def publish_weights(self) -> tuple[int, Any, str]:
-        """Gather full weights; returns (version, ObjectRef of the state dict, checksum)."""
+        """Gather full weights; returns (version, ObjectRef of the state dict, checksum).
+
+        With ``rollout.weight_sync=collective`` nothing is gathered here: the second item is a
+        :class:`BroadcastTicket` the collector delivers (the learner broadcasts while the
+        engines receive), and the checksum comes with the delivery.
+        """
+        if self.cfg.rollout.weight_sync == "collective":
+            return self.version, BroadcastTicket(self.version, self), ""
         refs = [w.gather_weights.remote() for w in self.workers]
         state_ref, checksum_ref = refs[0]
         checksum = ray.get(checksum_ref)
         ray.get([r[1] for r in refs[1:]])  # every rank finished the collective
         return self.version, state_ref, checksum
 
-    def init_weight_broadcast(self, world_size: int) -> tuple[tuple[str, int], Any]:
-        """Start the GPU weight-sync group; returns ((addr, port), ObjectRef of rank 0's join).
+    def init_weight_broadcast(self, world_size: int, backend: str = "") -> tuple[tuple[str, int], Any]:
+        """Start the weight-sync group; returns ((addr, port), ObjectRef of rank 0's join).
 
-        Engines join as ranks 1..world_size-1 at that address (``nccl_sync.weight_sync_group``)
-        before the returned ref is awaited: the rendezvous needs every rank.
+        Engines join as ranks 1..world_size-1 at that address (``weight_sync_group``) before the
+        returned ref is awaited: the rendezvous needs every rank.
         """
         addr, port = ray.get(self.workers[0].address.remote())
-        return (addr, port), self.workers[0].init_weight_broadcast.remote(addr, port, world_size)
+        return (addr, port), self.workers[0].init_weight_broadcast.remote(addr, port, world_size, backend)
 
-    def broadcast_weights(self, receive: Callable[[Any], list[Any]]) -> Any:
-        """Gather, announce, broadcast: ``receive(meta)`` starts every engine's receive and
-        returns their ObjectRefs; all must succeed (any failure raises here)."""
-        meta = ray.get([w.prepare_broadcast.remote() for w in self.workers])[0]
-        ray.get([self.workers[0].broadcast.remote(meta), *receive(meta)])
-        return meta
+    def plan_broadcast(self, checksum_kind: str = "crc32") -> Any:
+        """The :class:`~cast_rl.inference.weight_sync.WeightMeta` of the current weights, in
+        ``policy.dtype`` and buckets of ``rollout.weight_sync_bucket_mb``."""
+        bucket = int(self.cfg.rollout.weight_sync_bucket_mb * 2**20)
+        return ray.get(self.workers[0].plan_broadcast.remote(bucket, self.cfg.policy.dtype, checksum_kind))
+
+    def broadcast_weights(
+        self, receive: Callable[[Any], list[Any]], checksum_kind: str = "crc32"
+    ) -> tuple[Any, str, list[Any]]:
+        """Plan, announce, broadcast: ``receive(meta)`` starts every engine's receive and
+        returns their ObjectRefs; all must succeed (any failure raises here).  Returns the
+        plan, the sender's fingerprint and what the receives returned."""
+        meta = self.plan_broadcast(checksum_kind)
+        sends = [w.broadcast.remote(meta) for w in self.workers]
+        out = ray.get(sends + receive(meta))
+        return meta, out[0], out[len(sends):]
 
     def save_checkpoint(self, path: str | Path) -> None:
         ray.get([w.save_checkpoint.remote(str(path)) for w in self.workers])
@@ -175,3 +205,40 @@ class LearnerGroup:
     def shutdown(self) -> None:
         for w in self.workers:
             ray.kill(w)
+
+
+class BroadcastTicket:
+    """What :meth:`LearnerGroup.publish_weights` hands the collector under
+    ``rollout.weight_sync=collective``: the version, and the learner end that sends it.
+
+    :meth:`deliver` (called by :meth:`cast_rl.rollout.group.RolloutGroup.update_weights`) forms
+    the learner-to-engines group when its members changed (first sync, a new learner group, a
+    restarted rollout worker), then broadcasts while every engine receives, and checks that
+    every engine got what was sent.
+    """
+
+    def __init__(self, version: int, learner: LearnerGroup) -> None:
+        self.version, self.learner = version, learner
+
+    def deliver(self, workers: list[Any], ranks_per_worker: int, timeout_s: float = 600.0) -> list[int]:
+        learner = self.learner
+        gpus = learner.cfg.learner.num_gpus_per_worker > 0 and learner.cfg.rollout.num_gpus_per_worker > 0
+        backend = "nccl" if gpus else "gloo"
+        key = f"{id(learner)}-{len(workers)}"
+        if ray.get([w.weight_sync_key.remote() for w in workers]) != [key] * len(workers) \
+                or getattr(learner, "_sync_key", None) != key:
+            world = 1 + len(workers) * ranks_per_worker
+            (addr, port), hosted = learner.init_weight_broadcast(world, backend)
+            joins = [w.join_weight_sync.remote(addr, port, 1 + i * ranks_per_worker, world, backend, timeout_s, key)
+                     for i, w in enumerate(workers)]
+            ray.get([hosted, *joins])
+            learner._sync_key = key  # type: ignore[attr-defined]
+            logger.info("weight-sync group formed: %d ranks over %s at %s:%d", world, backend, addr, port)
+        kind = "isum" if backend == "nccl" else "crc32"
+        _, sent, received = learner.broadcast_weights(
+            lambda m: [w.receive_weights.remote(self.version, m) for w in workers], kind)
+        for i, (version, printed) in enumerate(received):
+            if printed != sent:
+                raise WeightSyncError(f"rollout worker {i} received weights {printed[:12]} for version "
+                                      f"{version}, the learner sent {sent[:12]}")
+        return [version for version, _ in received]

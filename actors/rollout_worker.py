@@ -23,7 +23,7 @@ class RolloutWorkerActor:
         from cast_rl.rollout.verifiers import build_verifier
         from cast_rl.rollout.worker import RolloutWorker
 
-        engine = build_engine(cfg.policy.path, cfg.inference, seed=cfg.seed + worker_index)
+        engine = build_engine(cfg.policy.path, cfg.inference, seed=cfg.seed + worker_index, dtype=cfg.policy.dtype)
         self.worker = RolloutWorker(
             cfg, load_env_data(cfg), engine, build_verifier(cfg), worker_index=worker_index
         )
@@ -38,6 +38,27 @@ class RolloutWorkerActor:
 
     async def update_weights(self, version: int, state: dict[str, Any], checksum: str) -> int:
         return await self.worker.update_weights(version, state, checksum)
+
+    async def join_weight_sync(self, addr: str, port: int, rank_offset: int, world_size: int, backend: str,
+                               timeout_s: float, key: str) -> list[int]:
+        from cast_rl.rollout import weights
+
+        return await weights.join(self.worker, addr, port, rank_offset, world_size, backend, timeout_s, key)
+
+    def weight_sync_key(self) -> str:
+        from cast_rl.rollout import weights
+
+        return weights.joined(self.worker)
+
+    async def receive_weights(self, version: int, meta: Any) -> tuple[int, str]:
+        from cast_rl.rollout import weights
+
+        return await weights.receive(self.worker, version, meta)
+
+    async def greedy_answer(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        from cast_rl.rollout import weights
+
+        return await weights.greedy_answer(self.worker, prompt_ids, max_new_tokens)
 
     def set_verification_budget(self, budget: int) -> int:
         self.worker.set_verification_budget(budget)

