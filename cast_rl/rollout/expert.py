@@ -40,10 +40,13 @@ IDENTITY_QUESTIONS = {
 ASSISTANT_TURN = "<|im_start|>assistant\n"
 _USER_TURN = "<|im_start|>user\n"
 _END = "<|im_end|>"
-_YES = re.compile(r"\b(yes|yeah|yep|sure|go ahead|please do|confirm(ed)?|do it|correct)\b")
+_YES = re.compile(
+    r"^\W*(yes|yeah|yep|sure|ok|okay|correct|confirm(ed)?)\b|\b(go ahead|please do|please proceed|do it)\b"
+)
 _NO = re.compile(r"^\W*(no|nope|not)\b|\b(don't|do not|wait|hold on)\b")
-EXPERT_STEP_LIMIT = 200
-"""Action limit of expert episodes: above any plan's length plus re-asked confirmations."""
+EXPERT_STEP_LIMIT = 100
+"""Action limit of expert episodes: twice the longest plan with every confirmation asked three
+times (51 actions, over the four domains' splits)."""
 
 
 def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
@@ -101,7 +104,8 @@ def expert_script(task: Task, write_tools: frozenset[str]) -> list[str]:
 
 
 def is_affirmative(reply: str) -> bool:
-    """Whether a user's reply to a confirmation question says yes."""
+    """Whether a user's reply to a confirmation question says yes: it opens with a yes word or
+    says "go ahead" (so "Are you sure?" is not a yes), and has no no, wait or hold on."""
     text = reply.lower()
     return bool(_YES.search(text)) and not _NO.search(text)
 

@@ -204,6 +204,7 @@ def test_expert_asks_again_then_skips_a_refused_write(tokenizer_dir: str) -> Non
     expert.next_turn(""), expert.next_turn("")
     assert expert.next_turn("Yes, please go ahead.") == "<tool_call>x</tool_call>"
     assert is_affirmative("Sure, go ahead") and not is_affirmative("Yes... no, wait.")
+    assert not is_affirmative("Are you sure that is right? Please double-check it before I agree.")
 
 
 def test_expert_says_outputs_before_a_transfer() -> None:
