@@ -71,8 +71,15 @@ def describe(v: Values, style: str) -> str:
     raise ValueError(f"no phrasing for identifying values {sorted(v)}")
 
 
+def _instruction(v: Values, instruction: str) -> str:
+    """The task instruction verbatim; the values after it when it does not hold them all."""
+    if all(value.lower() in instruction.lower() for value in v.values()):
+        return instruction
+    return f"{instruction} {describe(v, 'bare')}"
+
+
 PHRASINGS: dict[str, Callable[[Values, str], str]] = {
-    "instruction": lambda v, instruction: f"{instruction} {describe(v, 'bare')}",
+    "instruction": _instruction,
     "user id is X": lambda v, _: f"OK, {describe(v, 'is')}.",
     "with ID: X": lambda v, _: f"I'm calling about the account {describe(v, 'with')}.",
     "my id: X": lambda v, _: describe(v, "colon"),
@@ -87,8 +94,7 @@ PHRASINGS: dict[str, Callable[[Values, str], str]] = {
     ),
     "bare, lower case": lambda v, _: describe(v, "bare").lower(),
 }
-"""Deterministic ways of saying the identifying turn: name -> text from (values, instruction).
-"instruction" is the task instruction verbatim with the values after it."""
+"""Deterministic ways of saying the identifying turn: name -> text from (values, instruction)."""
 
 
 def phrased_gold(data: DomainData, split: str, index: int, kind: str, phrasing: str) -> Trajectory:
