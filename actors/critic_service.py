@@ -69,10 +69,8 @@ def private_critic_actor(critic: CriticConfig, tools: dict[str, list[dict[str, A
 
 
 def _resources(critic: CriticConfig) -> dict[str, Any]:
-    rule = critic.backend == "rule"
-    return {
-        "max_restarts": critic.max_retries,
-        "max_concurrency": 64,
-        "num_cpus": 0 if rule else 1,
-        "num_gpus": 0 if rule else critic.num_gpus_per_replica,
-    }
+    """Ray options: what :func:`cast_rl.config.resources.critic_request` says (the resource check
+    counts the same)."""
+    from cast_rl.config.resources import critic_request
+
+    return {"max_restarts": critic.max_retries, "max_concurrency": 64, **critic_request(critic).ray_options()}

@@ -129,8 +129,9 @@ class LearnerGroup:
     def __init__(self, cfg: CastConfig, num_workers: int | None = None) -> None:
         self.cfg = cfg
         n = num_workers or cfg.learner.num_workers
-        options = {"num_cpus": cfg.learner.num_cpus_per_worker, "num_gpus": cfg.learner.num_gpus_per_worker,
-                   "resources": dict(cfg.learner.ray_resources)}
+        from cast_rl.config.resources import actor_request
+
+        options = actor_request(cfg, "learner").ray_options()  # what the resource check counts
         actor: Any = LearnerWorkerActor
         self.workers = [actor.options(**options).remote(cfg, r, n) for r in range(n)]
         ip, port = ray.get(self.workers[0].address.remote())

@@ -1,7 +1,8 @@
 """Start or join Ray for a run (``cluster.address``), after a pre-flight check of resources.
 
-:func:`check_resources` compares what the actors of a run will ask Ray for (CPUs and GPUs per
-rollout worker, learner rank and critic replica) with what the cluster has, and raises a one-line
+:func:`check_resources` compares what the actors of a run will ask Ray for (CPUs, GPUs and custom
+resources per rollout worker, learner rank and critic replica: the very
+:func:`~cast_rl.config.resources.actor_request` the actors are created with) with what the cluster has, and raises a one-line
 :class:`~cast_rl.config.loader.ConfigError` naming the key to change.  Without it an impossible
 request (a GPU per worker on a CPU machine, more CPUs than the cluster has) leaves actors pending
 forever instead of failing.
@@ -15,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from cast_rl.config.loader import ConfigError
+from cast_rl.config.resources import ActorRequest, actor_request
 from cast_rl.config.schema import CastConfig
 
 logger = logging.getLogger(__name__)
@@ -34,39 +36,13 @@ class Capacity:
     """Where the numbers come from, for the error message."""
 
 
-@dataclass(frozen=True)
-class _Request:
-    part: str
-    count: int
-    count_key: str
-    per_actor: Mapping[str, tuple[float, str]]
-    """Resource -> (amount per actor, the config key that sets it)."""
-
-
-def _requests(cfg: CastConfig, parts: Iterable[str]) -> list[_Request]:
+def _requests(cfg: CastConfig, parts: Iterable[str]) -> list[ActorRequest]:
+    """What the actors of ``parts`` ask for: the same :func:`actor_request` the actors use."""
     out = []
     for part in parts:
         if part not in PARTS:
             raise ValueError(f"unknown part {part!r}; choose from {', '.join(PARTS)}")
-        if part == "rollout":
-            r = cfg.rollout
-            out.append(_Request(part, r.num_workers, "rollout.num_workers", {
-                "CPU": (r.num_cpus_per_worker, "rollout.num_cpus_per_worker"),
-                "GPU": (r.num_gpus_per_worker, "rollout.num_gpus_per_worker"),
-            }))
-        elif part == "learner":
-            lr = cfg.learner
-            out.append(_Request(part, lr.num_workers, "learner.num_workers", {
-                "CPU": (lr.num_cpus_per_worker, "learner.num_cpus_per_worker"),
-                "GPU": (lr.num_gpus_per_worker, "learner.num_gpus_per_worker"),
-            }))
-        elif cfg.critic.backend != "rule":  # a rule critic actor takes no CPU
-            # actors/critic_service.py: one CPU per model-critic replica, and its GPUs
-            c = cfg.critic
-            out.append(_Request(part, c.num_replicas, "critic.num_replicas", {
-                "CPU": (1.0, f"critic.backend={c.backend} (1 CPU per replica)"),
-                "GPU": (c.num_gpus_per_replica, "critic.num_gpus_per_replica"),
-            }))
+        out.append(actor_request(cfg, part))
     return out
 
 
@@ -86,7 +62,7 @@ def cluster_capacity(cfg: CastConfig) -> Capacity | None:
 
     if ray.is_initialized():
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-        largest = {k: max(n.get(k, 0.0) for n in nodes) for k in ("CPU", "GPU")} if nodes else {}
+        largest = {k: max(n.get(k, 0.0) for n in nodes) for k in set().union(*nodes)} if nodes else {}
         return Capacity(dict(ray.cluster_resources()), largest, "the Ray cluster")
     if cfg.cluster.address == "local":
         local = {"CPU": float(cfg.cluster.num_cpus), "GPU": float(_local_gpus())}
@@ -109,13 +85,13 @@ def check_resources(cfg: CastConfig, parts: Iterable[str] = PARTS, capacity: Cap
         for res, (amount, key) in req.per_actor.items():
             have = capacity.largest_node.get(res, 0.0)
             if amount > have + _EPS:
-                unit = "GPU" if res == "GPU" else "CPU"
-                fix = f"set {key}=0" if res == "GPU" else f"lower {key}"
+                unit = f"{res}s" if res in ("CPU", "GPU") else f"of custom resource {res!r}"
+                fix = {"GPU": f"set {key}=0", "CPU": f"lower {key}"}.get(res, f"start a node with --resources or drop {key}")
                 raise ConfigError(
                     f"config error: {key}={amount:g} cannot be placed: the largest node of "
-                    f"{capacity.source} has {have:g} {unit}s; {fix} or add resources"
+                    f"{capacity.source} has {have:g} {unit}; {fix} or add resources"
                 )
-    for res in ("CPU", "GPU"):
+    for res in sorted({name for r in requests for name in r.per_actor}):
         terms = [(r, *r.per_actor[res]) for r in requests if r.per_actor.get(res, (0.0, ""))[0] > 0]
         need = sum(r.count * amount for r, amount, _ in terms)
         have = capacity.total.get(res, 0.0)

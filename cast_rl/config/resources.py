@@ -8,18 +8,64 @@ OpenAI-compatible endpoint outside these actors.
 
 from __future__ import annotations
 
-from cast_rl.config.schema import CastConfig
+from dataclasses import dataclass, field
+from typing import Any
+
+from cast_rl.config.schema import CastConfig, CriticConfig
+
+ACTOR_KINDS = ("rollout", "learner", "critic")
+"""Kinds of long-lived actors that ask Ray for resources."""
+
+
+@dataclass(frozen=True)
+class ActorRequest:
+    """What each actor of one kind asks Ray for, and how many there are: the one description
+    both the actors (:meth:`ray_options`) and the pre-flight check (``launchers.cluster``) use."""
+
+    count: int
+    count_key: str
+    per_actor: dict[str, tuple[float, str]] = field(default_factory=dict)
+    """Resource (CPU, GPU or a custom one) -> (amount per actor, the config key that sets it)."""
+
+    def ray_options(self) -> dict[str, Any]:
+        custom = {k: v for k, (v, _) in self.per_actor.items() if k not in ("CPU", "GPU")}
+        return {"num_cpus": self.per_actor["CPU"][0], "num_gpus": self.per_actor["GPU"][0], "resources": custom}
+
+
+def critic_request(critic: CriticConfig) -> ActorRequest:
+    """A critic-service actor: no CPU for the rule critic, one CPU and its GPUs for a model."""
+    if critic.backend == "rule":
+        return ActorRequest(critic.num_replicas, "critic.num_replicas",
+                            {"CPU": (0.0, "critic.backend=rule"), "GPU": (0.0, "critic.backend=rule")})
+    return ActorRequest(critic.num_replicas, "critic.num_replicas", {
+        "CPU": (1.0, f"critic.backend={critic.backend} (1 CPU per replica)"),
+        "GPU": (critic.num_gpus_per_replica, "critic.num_gpus_per_replica"),
+    })
+
+
+def actor_request(cfg: CastConfig, kind: str) -> ActorRequest:
+    """The :class:`ActorRequest` of ``kind`` (one of :data:`ACTOR_KINDS`)."""
+    if kind == "rollout":
+        r = cfg.rollout
+        per = {"CPU": (r.num_cpus_per_worker, "rollout.num_cpus_per_worker"),
+               "GPU": (r.num_gpus_per_worker, "rollout.num_gpus_per_worker")}
+        per.update({k: (v, f"rollout.ray_resources.{k}") for k, v in r.ray_resources.items()})
+        return ActorRequest(r.num_workers, "rollout.num_workers", per)
+    if kind == "learner":
+        lr = cfg.learner
+        per = {"CPU": (lr.num_cpus_per_worker, "learner.num_cpus_per_worker"),
+               "GPU": (lr.num_gpus_per_worker, "learner.num_gpus_per_worker")}
+        per.update({k: (v, f"learner.ray_resources.{k}") for k, v in lr.ray_resources.items()})
+        return ActorRequest(lr.num_workers, "learner.num_workers", per)
+    if kind == "critic":
+        return critic_request(cfg.critic)
+    raise ValueError(f"unknown actor kind {kind!r}; choose from {', '.join(ACTOR_KINDS)}")
 
 
 def gpus_required(cfg: CastConfig) -> dict[str, float]:
-    critic = cfg.critic.num_replicas * cfg.critic.num_gpus_per_replica
     teacher_on_gpus = cfg.teacher.enabled and cfg.teacher.inference.backend == "vllm"
-    need = {
-        "rollout": cfg.rollout.num_workers * cfg.rollout.num_gpus_per_worker,
-        "critic": float(critic if cfg.critic.backend != "rule" else 0),
-        "learner": cfg.learner.num_workers * cfg.learner.num_gpus_per_worker,
-        "teacher": float(cfg.teacher.inference.tensor_parallel_size if teacher_on_gpus else 0),
-    }
+    need = {kind: float(r.count * r.per_actor["GPU"][0]) for kind in ACTOR_KINDS if (r := actor_request(cfg, kind))}
+    need["teacher"] = float(cfg.teacher.inference.tensor_parallel_size if teacher_on_gpus else 0)
     always = need["rollout"] + need["critic"]
     need["peak"] = always + max(need["learner"], need["teacher"])
     return need

@@ -34,10 +34,10 @@ class RolloutGroup:
 
         self.cfg = cfg
         n = num_workers or cfg.rollout.num_workers
+        from cast_rl.config.resources import actor_request
+
         options = {
-            "num_cpus": cfg.rollout.num_cpus_per_worker,
-            "num_gpus": cfg.rollout.num_gpus_per_worker,
-            "resources": dict(cfg.rollout.ray_resources),
+            **actor_request(cfg, "rollout").ray_options(),  # what the resource check counts
             "max_restarts": cfg.rollout.max_restarts,
             "max_task_retries": 0,  # we resubmit chunks ourselves, keyed by unit
         }
