@@ -441,7 +441,8 @@ class AlgorithmConfig:
     learner.global_batch_size samples (each step trains on all it collected)."""
     filter_zero_variance_groups: bool = True
     """Drop GRPO trajectories whose group's raw outcomes are all equal and that carry no critic
-    credit (dynamic sampling on the raw outcome); counted as rollout/zero_variance_group_frac."""
+    credit (dynamic sampling on the raw outcome; sync mode only, where a short collection is
+    followed by another); counted as rollout/zero_variance_group_frac."""
     samples: list[str] = field(default_factory=lambda: ["outcome_groups"])
     """Critique-aware sample kinds (cast_rl.learner.critique_samples): outcome_groups (GRPO with
     turn-level critic credit), revision, supervised (critique-enriched SFT), distill
@@ -611,6 +612,9 @@ class PipelineConfig:
     only: a teacher that makes CAST's errors at warmstart_error_rate; cast_rl.rollout.noisy_expert)."""
     warmstart_trials: int = 1
     """Demonstrations per training task (noisy_expert draws its error per trial)."""
+    warmstart_loss: str = "policy"
+    """policy (cross-entropy on the demonstrator's turns) or all (on every token of the
+    transcript: far more signal per token for a model trained from scratch)."""
     warmstart_error_rate: float = 0.0
     """noisy_expert: share of demonstrations with one error of a kind from warmstart_errors."""
     warmstart_errors: list[str] = field(
@@ -638,6 +642,7 @@ class PipelineConfig:
         _check_positive("pipeline.warmstart_lr", self.warmstart_lr)
         _check_choice("pipeline.warmstart_teacher", self.warmstart_teacher, ("expert", "noisy_expert"))
         _check_positive("pipeline.warmstart_trials", self.warmstart_trials)
+        _check_choice("pipeline.warmstart_loss", self.warmstart_loss, ("policy", "all"))
         for key in ("warmstart_error_rate", "warmstart_critic_share"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ValueError(f"pipeline.{key}={getattr(self, key)!r} is not allowed; it must be in [0, 1]")

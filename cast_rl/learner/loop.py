@@ -23,6 +23,7 @@ or a client of :class:`actors.replay_buffer.ReplayBufferActor`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 import threading
@@ -165,6 +166,11 @@ class TrainLoop:
         self.metrics = metrics
         self.cursor = TaskCursor(list(tasks), split or cfg.env.split, seed=cfg.learner.seed)
         self.state = LoopState()
+        # Dynamic sampling needs the sync loop's re-collection: in async mode a filtered
+        # collection could leave a staleness-bounded buffer short of a batch for good.
+        algo = cfg.algorithm
+        self._sample_cfg = cfg if algo.mode == "sync" else dataclasses.replace(
+            cfg, algorithm=dataclasses.replace(algo, filter_zero_variance_groups=False))
         self.history: list[dict[str, float]] = []
         self._lock = threading.Lock()  # cursor and round counter, shared with the producer thread
         self._last_collection: dict[str, float] = {}
@@ -178,7 +184,7 @@ class TrainLoop:
             round_id = f"r{self.state.rounds}"
             self.state.rounds += 1
         trajs = self.collector.collect(units)
-        samples = build_samples(trajs, self.cfg, round_id)
+        samples = build_samples(trajs, self._sample_cfg, round_id)
         added = self.buffer.add(samples)
         self._last_collection = collection_metrics(trajs)
         return trajs, added.accepted

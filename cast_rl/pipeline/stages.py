@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import random
 from collections.abc import Callable
@@ -37,10 +38,12 @@ def _metrics(ctx: PipelineContext, stage: str) -> MetricsLogger:
     return MetricsLogger(log_cfg, ctx.root, config=to_dict(cfg), job_type=stage)
 
 
-def _supervised(trajs: list[Trajectory], tag: str) -> list[Sample]:
+def _supervised(trajs: list[Trajectory], tag: str, every_token: bool = False) -> list[Sample]:
+    """Demonstrations as cross-entropy samples: loss on the policy's turns, or on every token
+    (``pipeline.warmstart_loss=all``: language modelling of whole transcripts)."""
     return [
         Sample(key=f"{tag}/{t.split}/{t.task_index}/{t.trial}", source="supervised",
-               token_ids=list(t.token_ids), loss_mask=list(t.loss_mask),
+               token_ids=list(t.token_ids), loss_mask=[1] * len(t.token_ids) if every_token else list(t.loss_mask),
                logprobs=[0.0] * len(t.token_ids), reward=t.reward, group=tag)
         for t in trajs if any(t.loss_mask)
     ]
@@ -134,7 +137,7 @@ def warmstart(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     teacher = {"teacher": pipe.warmstart_teacher, "demo_reward_mean": sum(d.reward for d in demos) / max(len(demos), 1),
                "demo_errors": sum(1 for d in demos if d.info.get("teacher_error")),
                "demo_critique_rounds": sum(len(d.verification_rounds) for d in demos)}
-    samples = _supervised(demos, "warmstart")
+    samples = _supervised(demos, "warmstart", every_token=pipe.warmstart_loss == "all")
     batch = cfg.learner.global_batch_size
     steps = max(1, cfg.pipeline.warmstart_epochs * len(samples) // batch)
     learner = _learner(ctx, cfg.pipeline.warmstart_lr)
@@ -184,6 +187,9 @@ def label(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     source = ctx.stage_dir("collect") / "trajectories.jsonl"
     labels, trajectories, labeller = label_file(ctx.data, source, out / "labels.jsonl")
     metrics = labeller.stats.metrics()
+    # Failures the labels do not explain (no invalid action ran): listed for a person to read.
+    with (out / "unexplained_failures.jsonl").open("w") as f:
+        f.writelines(json.dumps(record) + "\n" for record in labeller.stats.unexplained)
     if ctx.cfg.teacher.enabled:
         import asyncio
 
