@@ -55,6 +55,11 @@ class RolloutWorkerActor:
 
         return await weights.receive(self.worker, version, meta)
 
+    def last_sync_s(self) -> dict[str, float]:
+        """Seconds the last collective update spent in the two generation probes and in
+        receiving and loading (empty before one)."""
+        return dict(getattr(self.worker, "last_sync_s", {}))
+
     async def greedy_answer(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
         from cast_rl.rollout import weights
 

@@ -19,7 +19,9 @@ learner step the new weights go to the worker through the production path,
   state dict gathered, sha256, stored once in Ray's object store, read by the worker, re-hashed,
   packed into the engine.
 
-Both are divided by one in-memory copy of the same bytes (the weights in the dtype they are sent
+``probe_s`` and ``receive_load_s`` split the collective sync as the rollout worker saw it: the two
+greedy generations that check the update changed the model, and the broadcast received, checked
+and loaded into the engine.  Both paths are divided by one in-memory copy of the same bytes (the weights in the dtype they are sent
 in; best of 5).  The last line of stdout is one JSON object with ``sync_vs_memcpy``, ``sync_s``,
 ``weights_mb`` and ``path`` (the collective path), and the object-store figures beside them.
 """
@@ -120,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             return elapsed
 
         form_s = sync()  # forms the group, then the first broadcast
-        collective = [sync() for _ in range(args.reps)]
+        collective, parts = [], []
+        for _ in range(args.reps):
+            collective.append(sync())
+            parts.append(ray.get(group.workers[0].last_sync_s.remote()))
         nbytes = learner.plan_broadcast().nbytes
         learner.cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, weight_sync="object_store"))
         object_store = [sync() for _ in range(args.reps)]
@@ -137,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         "sync_vs_memcpy": round(sync_s / copy_s, 2), "sync_s": round(sync_s, 4), "weights_mb": round(nbytes / 2**20, 1),
         "path": "collective", "memcpy_s": round(copy_s, 5), "form_group_s": round(form_s, 3),
         "object_store_sync_s": round(store_s, 4), "object_store_vs_memcpy": round(store_s / copy_s, 2),
+        "probe_s": round(statistics.median(p["probe_s"] for p in parts), 4),
+        "receive_load_s": round(statistics.median(p["receive_load_s"] for p in parts), 4),
         "params": params, "dtype": args.dtype, "bucket_mb": args.bucket_mb,
         "collective_syncs_s": [round(x, 4) for x in collective], "object_store_syncs_s": [round(x, 4) for x in object_store],
     }))

@@ -261,7 +261,10 @@ class LearnerEngine:
         """Collective: (name, full parameter on this rank's device), one all-gather at a time, in
         ``named_parameters`` order (Hugging Face names), so a sender holds one parameter more at most."""
         for name, param in self.model.named_parameters():
-            full = param.full_tensor() if hasattr(param, "full_tensor") else param
+            if self.world_size == 1 and hasattr(param, "to_local"):
+                full = param.to_local()  # one rank holds everything: no gather, no copy
+            else:
+                full = param.full_tensor() if hasattr(param, "full_tensor") else param
             yield name, full.detach()
 
     def param_shapes(self) -> dict[str, torch.Tensor]:

@@ -11,6 +11,7 @@ equal to the checkpoint the engine started from).
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,20 +41,26 @@ async def receive(worker: Any, version: int, meta: WeightMeta) -> tuple[int, str
     """
     if version != meta.version:
         raise WeightSyncError(f"weights version {version} announced with a plan for version {meta.version}")
+    t0 = time.perf_counter()
     before = await worker._probe()
+    t1 = time.perf_counter()
     worker.engine.pause()
     try:
         await worker.engine.drained()
         printed = await worker.engine.engine.receive_weights(meta, newer_than=worker.version)
     finally:
         worker.engine.resume()
-    if await worker._probe() == before and printed != worker.checksum and not (
+    t2 = time.perf_counter()
+    after = await worker._probe()
+    worker.last_sync_s = {"probe_s": t1 - t0 + time.perf_counter() - t2, "receive_load_s": t2 - t1}
+    if after == before and printed != worker.checksum and not (
         worker.checksum is None and _same_as_initial(worker, meta, printed)
     ):
         raise WeightSyncError(f"weights version {version} loaded but generation did not change")
     worker.checksum = printed
     worker.version = version
-    logger.info("worker %d now serves policy version %d (collective)", worker.worker_index, version)
+    logger.info("worker %d now serves policy version %d (collective; probes %.2f s, receive and load %.2f s)",
+                worker.worker_index, version, worker.last_sync_s["probe_s"], worker.last_sync_s["receive_load_s"])
     return version, printed
 
 
