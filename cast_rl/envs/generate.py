@@ -10,7 +10,7 @@ a test task), ``OUT/policy.md`` and ``OUT/tools.json``.  Nothing is read from di
 catalogue and name lists are embedded (:mod:`cast_rl.envs.retail_catalogue`) and combined by a
 seeded ``random.Random``, so the same seed and task count give the same bytes.
 
-Size: ``clamp(num_tasks, 20, 60)`` users with 2-5 orders each, 20 product types with 4-8
+Size: ``clamp(num_tasks, 20, 60)`` users (compact setting: ``clamp(num_tasks, 20, 400)``) with 2-5 orders each, 20 product types with 4-8
 variants each.  Task kinds and gold actions are built in :mod:`cast_rl.envs.retail_tasks`.
 """
 
@@ -175,7 +175,7 @@ def generate_retail(
     """Database, tasks, policy text and tool schemas for one seed (deterministic).
 
     ``kinds`` restricts the task kinds (:data:`~cast_rl.envs.retail_tasks.KINDS`).  ``compact``
-    gives the compact setting: users always know their order ids (no searching through a
+    gives the compact setting: up to one user per task (400 at most), users always know their order ids (no searching through a
     user's orders), the policy keeps only the rules of those kinds (:func:`compact_policy`) and
     the tool list only the tools their gold actions call plus both authentication lookups, each
     described by its name and parameters only, in the benchmark's order.  Database, tool
@@ -184,7 +184,9 @@ def generate_retail(
     if num_tasks < 1:
         raise ValueError(f"num_tasks={num_tasks} is not allowed; it must be >= 1")
     rng = random.Random(seed)
-    db = build_database(rng, num_users=min(60, max(20, num_tasks)))
+    # The compact setting draws up to one user per task (400 at most), so a policy trained on
+    # it meets many identities and must copy them from the conversation, not remember them.
+    db = build_database(rng, num_users=min(400 if compact else 60, max(20, num_tasks)))
     tasks = build_tasks(rng, db, num_tasks, tuple(kinds), unknown_id_rate=0.0 if compact else 0.3)
     if not compact:
         return db, tasks, POLICY, tool_schemas()

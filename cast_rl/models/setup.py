@@ -21,13 +21,10 @@ def ensure_model(model: ModelConfig, corpus_dirs: list[Path] | None = None) -> P
             f"model directory {path} has no config.json; give a local Hugging Face model "
             "directory or set make_tiny_if_missing=true"
         )
-    from dataclasses import asdict
-
-    from cast_rl.models.tiny import TinyModelSpec, corpus_from_paths, make_tiny_model
+    from cast_rl.models.tiny import corpus_from_paths, make_tiny_model
 
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    spec = TinyModelSpec(**asdict(model.tiny))
-    make_tiny_model(tmp, spec, seed=model.seed, extra_corpus=corpus_from_paths(corpus_dirs or []))
+    make_tiny_model(tmp, model.tiny, seed=model.seed, extra_corpus=corpus_from_paths(corpus_dirs or []))
     try:
         tmp.rename(path)
     except OSError:  # built concurrently elsewhere

