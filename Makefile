@@ -14,7 +14,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.cast_rl-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup quickstart test test-slow lint clean gpu-check tiny-policy
+.PHONY: setup quickstart test test-slow lint clean gpu-check
 
 setup: $(STAMP)
 
@@ -29,14 +29,6 @@ $(STAMP): pyproject.toml Makefile
 
 quickstart: setup
 	$(BIN)/cast-rl pipeline configs/quickstart.yaml
-
-# Rebuilds the quickstart's starting policy, shipped in $(TINY_POLICY): a from-scratch tiny Qwen3
-# warm-started on noisy-expert demonstrations of generated tasks of another seed (~20 min here).
-TINY_POLICY := cast_rl/assets/models/tiny-retail-policy
-tiny-policy: setup
-	$(BIN)/cast-rl pipeline configs/tiny_policy_pretrain.yaml
-	rm -rf $(TINY_POLICY)
-	cp -r runs/tiny-policy-pretrain/00_warmstart/model $(TINY_POLICY)
 
 test: setup
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
