@@ -83,11 +83,11 @@ def executed_mask(traj: Trajectory, turns: Sequence[PolicyTurn]) -> list[int]:
     return mask
 
 
-def turn_credit(turns: Sequence[PolicyTurn], weight: float) -> list[tuple[int, int, float]]:
-    """(start, end, weight x verdict credit) for each turn the critic judged."""
+def turn_credit(turns: Sequence[PolicyTurn], weight: float) -> list[tuple[PolicyTurn, float]]:
+    """(turn, weight x verdict credit) for each turn the critic judged."""
     if weight == 0.0:
         return []
-    return [(t.start, t.end, weight * VERDICT_CREDIT[t.verdict]) for t in turns if t.verdict in VERDICT_CREDIT]
+    return [(t, weight * VERDICT_CREDIT[t.verdict]) for t in turns if t.verdict in VERDICT_CREDIT]
 
 
 def verl_advantages(
@@ -165,25 +165,24 @@ def outcome_group_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id
     groups = [group_id(t, round_id) for t, _, _ in rows]
     advs = verl_advantages([float(t.reward) for t, _, _ in rows], [m for _, m, _ in rows], groups,
                            algo.adv_estimator, algo.norm_adv_by_std)
-    varied = {g for g in groups if len({float(t.reward) for (t, _, _), h in zip(rows, groups) if h == g}) > 1}
+    outcomes: dict[str, set[float]] = defaultdict(set)
+    for (t, _, _), g in zip(rows, groups):
+        outcomes[g].add(float(t.reward))
+    varied = {g for g, seen in outcomes.items() if len(seen) > 1}
     out = []
     for (t, mask, credit), adv, g in zip(rows, advs, groups):
         if algo.filter_zero_variance_groups and g not in varied and not credit:
             continue  # nothing to learn: equal outcomes and no critic verdict
-        for start, end, _ in credit:  # judged turns carry loss, rejected ones too
-            mask[start:end] = [1] * (end - start)
+        for turn, _ in credit:  # judged turns carry loss, rejected ones too
+            mask[turn.start:turn.end] = [1] * (turn.end - turn.start)
         out.append(Sample(
             key=sample_key(t, round_id, "outcome"), source="outcome_groups", token_ids=list(t.token_ids),
             loss_mask=mask, logprobs=list(t.logprobs), advantage=adv, reward=float(t.reward),
             policy_version=t.policy_version, group=g, critique_changed=bool(t.verification_rounds),
-            span_advantages=[[a, b, (adv if _ran(t, a) else 0.0) + v] for a, b, v in credit],
+            span_advantages=[[turn.start, turn.end, (adv if turn.executed else 0.0) + v] for turn, v in credit],
             info={"outcome": float(t.reward), "zero_variance_group": g not in varied},
         ))
     return out
-
-
-def _ran(traj: Trajectory, start: int) -> bool:
-    return any(turn["start"] == start and turn["executed"] for turn in traj.turns)
 
 
 def revision_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
