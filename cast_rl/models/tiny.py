@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -63,8 +64,12 @@ def chat_template() -> str:
     return resources.files("cast_rl.assets").joinpath("chat_template.jinja").read_text()
 
 
-def train_tokenizer(corpus: list[str], vocab_size: int):  # -> PreTrainedTokenizerFast
-    """A byte-level BPE tokenizer with Qwen-style special tokens and our chat template."""
+def train_tokenizer(corpus: list[str], vocab_size: int, whole_tokens: list[str] = ()):  # -> PreTrainedTokenizerFast
+    """A byte-level BPE tokenizer with Qwen-style special tokens and our chat template.
+
+    Every match of a ``whole_tokens`` pattern in the corpus is added as a token of its own
+    (ordinary, not special: it decodes like text).
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -90,6 +95,9 @@ def train_tokenizer(corpus: list[str], vocab_size: int):  # -> PreTrainedTokeniz
     # Markup is an ordinary (non-special) added token, as in Qwen's tokenizer: decoding with
     # skip_special_tokens (vLLM's default) must keep "<tool_call>" in the text.
     fast.add_tokens(MARKUP_TOKENS)
+    if whole_tokens:
+        found = {m.group(0) for text in corpus for p in whole_tokens for m in re.finditer(p, text)}
+        fast.add_tokens(sorted(found))
     fast.chat_template = chat_template()
     return fast
 
@@ -109,7 +117,7 @@ def make_tiny_model(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     corpus = [_BASE_CORPUS, *(extra_corpus or [])]
-    tokenizer = train_tokenizer(corpus, spec.vocab_size)
+    tokenizer = train_tokenizer(corpus, spec.vocab_size, spec.whole_tokens)
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     pad_id = tokenizer.convert_tokens_to_ids(EOS)
     config = Qwen3Config(
