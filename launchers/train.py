@@ -99,6 +99,9 @@ def run_training(cfg: CastConfig, collector_kind: str = "rollout", resume: bool 
     return {
         "steps": loop.state.step,
         "policy_version": loop.learner.version,
+        # steps whose collections held no sample with a learning signal (every group's outcomes
+        # equal, dynamic sampling on): counted as steps, the weights stayed
+        "skipped_steps": sum(int(h.get("train/skipped_empty", 0.0)) for h in history),
         "reward_per_step": [round(h.get("train/reward_mean", float("nan")), 4) for h in history],
         "policy": str(final),
     }

@@ -53,7 +53,7 @@ def _check_pipeline_output(run_dir: Path) -> None:
     assert (run_dir / "03_label" / "labels.jsonl").read_text().strip()
     report = json.loads((run_dir / "report" / "report.json").read_text())
     labels = [c["label"] for c in report["configurations"]]
-    assert labels == ["after: no critic", "after: critic B=1"]
+    assert labels == ["after: no critic", "after: critic B=1 (rule)"]  # which critic it had
     for config in report["configurations"]:
         assert set(config["groups"]["retail/test"]["pass^k"]) == {"pass^1", "pass^2"}
 

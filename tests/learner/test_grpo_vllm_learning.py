@@ -56,6 +56,9 @@ def test_grpo_raises_reward_through_vllm_rollout_workers(ray_local: Any, tmp_pat
     curve = {"target": TARGET, "reward_per_step": rewards, "wall_s": round(wall_s, 1)}
     (tmp_path / "reward_curve.json").write_text(json.dumps(curve))
     print("vllm ray path reward per step:", json.dumps(curve))
-    assert summary["steps"] == STEPS == len(rewards) and summary["policy_version"] == STEPS
+    # dynamic sampling (the default) skips a step whose groups all had equal outcomes: the
+    # weights stay, the step still counts
+    assert summary["steps"] == STEPS == len(rewards)
+    assert summary["policy_version"] == STEPS - summary["skipped_steps"] >= STEPS // 2
     assert rewards[0] < 0.5, rewards
     assert statistics.fmean(rewards[-3:]) >= 0.9 > rewards[0], rewards

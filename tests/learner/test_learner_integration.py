@@ -25,7 +25,10 @@ def test_train_launcher_with_vllm_rollout_workers(tmp_path: Path) -> None:
         "learner.num_cpus_per_worker=0.5", "learner.global_batch_size=4", "learner.micro_batch_size=1",
         # A random tiny policy scores 0 on retail, so GRPO advantages are 0; decoupled weight
         # decay still moves the weights, and the rollout workers check that generation changed.
+        # Dynamic sampling would drop those all-zero groups and skip both steps: off here, the
+        # buffer and weight-sync path is what this test is about.
         "learner.lr=1e-2", "learner.weight_decay=0.1", "learner.checkpoint_every=1",
+        "algorithm.filter_zero_variance_groups=false",
         "logging.mode=disabled",
     ])
     try:

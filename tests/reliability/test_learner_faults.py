@@ -85,6 +85,9 @@ def test_killed_learner_worker_resumes_from_checkpoint_and_finishes(
         "learner.num_workers=2", "learner.num_cpus_per_worker=0.5", "learner.micro_batch_size=4",
         f"learner.global_batch_size={GBS}", "learner.lr=1e-3", "learner.checkpoint_every=2",
         "learner.max_restarts=2", "rollout.trials_per_task=4", f"algorithm.steps={STEPS}",
+        # one collection per step, one global batch per draw: the step/round/draw bookkeeping
+        # below counts on it (dynamic sampling would re-collect and draw what it holds)
+        "algorithm.filter_zero_variance_groups=false",
     ])
     torch.set_num_threads(1)
     hook = KillLearnerDuringRound(HFCollectorClient(cfg.policy.path, seed=cfg.seed, num_cpus=0.5), at=KILL_ROUND)
