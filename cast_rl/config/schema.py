@@ -11,6 +11,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, fields
 
+DOMAIN_NAMES = ("retail", "airline", "telecom", "telehealth")
+"""Every domain the project runs: the one list config validation, the CLI and the environment
+registry (:mod:`cast_rl.envs.domain`) read."""
+
 RETAIL_TASK_KINDS = (
     "cancel", "modify_items", "modify_address", "modify_payment", "return", "exchange",
     "user_address", "multi",
@@ -175,7 +179,7 @@ class EnvConfig:
     only the tools their tasks use); same database, tools and reward, far shorter prompts."""
 
     def __post_init__(self) -> None:
-        _check_choice("env.domain", self.domain, ("retail", "airline", "telecom", "telehealth"))
+        _check_choice("env.domain", self.domain, DOMAIN_NAMES)
         _check_positive("env.max_steps", self.max_steps)
         _check_positive("env.tool_timeout_s", self.tool_timeout_s)
         _check_positive("env.generated_tasks", self.generated_tasks)
@@ -572,7 +576,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         _check_positive("eval.trials", self.trials, allow_zero=True)
         for domain in self.in_domain:
-            _check_choice("eval.in_domain[]", domain, ("retail", "airline", "telecom", "telehealth"))
+            _check_choice("eval.in_domain[]", domain, DOMAIN_NAMES)
         _check_positive("eval.sample_trajectories", self.sample_trajectories, allow_zero=True)
         for k in self.k_values:
             _check_positive("eval.k_values[]", k)
@@ -588,7 +592,7 @@ class EvalConfig:
                 "nothing to run; add 0 (no critic) to the budgets or set with_critic=True"
             )
         for domain in self.domains:
-            _check_choice("eval.domains[]", domain, ("retail", "airline", "telecom", "telehealth"))
+            _check_choice("eval.domains[]", domain, DOMAIN_NAMES)
         if self.domains and not self.data_root:
             raise ValueError("eval.data_root='' is not allowed with eval.domains; give the directory holding <domain>/ data")
 
@@ -644,6 +648,9 @@ class PipelineConfig:
     so the policy also sees critiques and the corrected step."""
     critic_lr: float = 1e-4
     """Learning rate of critic training."""
+    critic_heldout_fraction: float = 0.2
+    """Share of the labelled trajectories stage critic_data (and ``cast-rl critic build-data``)
+    holds out of critic training, split by trajectory with the run's seed."""
     critic_heldout_eval: list[str] = field(default_factory=lambda: ["rule", "base", "trained"])
     """Critics measured on the held-out critic split after train_critic (rule: the rule critic;
     base: critic.model untrained; trained: the stage's model); empty skips the measurement."""
@@ -668,6 +675,9 @@ class PipelineConfig:
             _check_choice("pipeline.warmstart_errors[]", kind,
                           ("missing_confirmation", "wrong_argument", "fabricated_id"))
         _check_positive("pipeline.critic_lr", self.critic_lr)
+        if not 0.0 <= self.critic_heldout_fraction < 1.0:
+            raise ValueError(f"pipeline.critic_heldout_fraction={self.critic_heldout_fraction!r} is not "
+                             "allowed; it must be in [0, 1)")
         for critic in self.critic_heldout_eval:
             _check_choice("pipeline.critic_heldout_eval[]", critic, ("rule", "base", "trained"))
 

@@ -14,6 +14,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from cast_rl.config.schema import DOMAIN_NAMES
+
 
 class Tool(Protocol):
     """A tool class: ``invoke`` runs it on the database and returns the observation string."""
@@ -53,12 +55,7 @@ def tool_name(tool: type) -> str:
 
 
 DOMAINS: dict[str, DomainSpec] = {}
-_DOMAIN_MODULES = {
-    "retail": "cast_rl.envs.domains.retail",
-    "airline": "cast_rl.envs.domains.airline",
-    "telecom": "cast_rl.envs.domains.telecom",
-    "telehealth": "cast_rl.envs.domains.telehealth",
-}
+_DOMAIN_MODULES = {name: f"cast_rl.envs.domains.{name}" for name in DOMAIN_NAMES}
 
 
 def register(spec: DomainSpec) -> DomainSpec:

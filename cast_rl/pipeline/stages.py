@@ -230,7 +230,7 @@ def critic_data(ctx: PipelineContext, out: Path) -> dict[str, Any]:
 
     return build_critic_data(
         ctx.stage_dir("label") / "labels.jsonl", ctx.stage_dir("collect") / "trajectories.jsonl",
-        out, seed=ctx.cfg.seed,
+        out, heldout_fraction=ctx.cfg.pipeline.critic_heldout_fraction, seed=ctx.cfg.seed,
     )
 
 
