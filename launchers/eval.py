@@ -26,7 +26,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cast_rl.config import load_config, to_dict
+from cast_rl.config import to_dict
+from cast_rl.config.args import add_config_arguments, parse_config
 from cast_rl.config.schema import CastConfig
 from cast_rl.eval.report import EvalRun
 from cast_rl.rollout.trajectory import Trajectory, write_trajectories
@@ -146,12 +147,10 @@ def _collect_domain(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config")
-    parser.add_argument("overrides", nargs="*")
+    add_config_arguments(parser, example="eval.verification_budgets=[0,1]")
     parser.add_argument("--out", default=None, help="output directory (default: <run_dir>/eval)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO)
-    cfg = load_config(None if args.config == "default" else args.config, args.overrides)
+    args, cfg = parse_config(parser, argv)
+    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_eval(cfg, args.out or Path(cfg.run_dir) / "eval")
     return 0
 

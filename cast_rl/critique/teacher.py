@@ -18,11 +18,15 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from cast_rl.config.schema import TeacherConfig
 from cast_rl.critique.context import ActionRef, Visible
+from cast_rl.critique.labeller import ActionLabel, teacher_items
 from cast_rl.critique.prompt import critic_messages
 from cast_rl.critique.rationale import Rationale, format_critique, leakage_problems, parse_critique
 from cast_rl.critique.verifier import VerifyRequest
+from cast_rl.envs.core import DomainData
 from cast_rl.inference.base import Completion, Sampling
+from cast_rl.rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -117,3 +121,38 @@ class Teacher:
                 return await self.rewrite(*item)
 
         return list(await asyncio.gather(*(one(i) for i in items)))
+
+
+def build_teacher_engine(cfg: TeacherConfig, seed: int = 0) -> Any:
+    """The engine of ``teacher.inference.backend``: an OpenAI-compatible endpoint (openai, the
+    model named ``teacher.model.path``) or the local model at ``teacher.model.path``."""
+    if cfg.inference.backend == "openai":
+        return OpenAIChat(cfg.inference.base_url, cfg.model.path, cfg.inference.api_key_env)
+    from cast_rl.inference import build_engine
+
+    return build_engine(cfg.model.path, cfg.inference, seed=seed)
+
+
+async def rewrite_labels(
+    cfg: TeacherConfig, data: DomainData, labels: list[ActionLabel], trajectories: list[Trajectory], seed: int = 0
+) -> dict[str, float]:
+    """Let the teacher of ``cfg`` rewrite each label's rationale in place (sampling from
+    ``teacher.inference``); rewrites that fail the checks are discarded.  Returns the
+    ``label/teacher_rewritten`` and ``label/teacher_discarded`` counts."""
+    engine = build_teacher_engine(cfg, seed)
+    sampling = Sampling(
+        max_new_tokens=cfg.inference.max_new_tokens,
+        temperature=cfg.inference.temperature,
+        top_p=cfg.inference.top_p,
+        logprobs=False,
+    )
+    teacher = Teacher(engine, sampling)
+    try:
+        items = teacher_items(data, labels, trajectories)
+        results = await teacher.rewrite_many([item for _, item in items])
+        for (pos, _), rationale in zip(items, results):
+            if rationale is not None:
+                labels[pos].rationale = rationale.to_json()
+    finally:
+        await engine.close()
+    return {"label/teacher_rewritten": teacher.stats.rewritten, "label/teacher_discarded": teacher.stats.discarded}

@@ -2,7 +2,7 @@
 
 Run::
 
-    cast-rl env generate --domain retail --seed 0 --num-tasks 64 --out runs/data/retail
+    cast-rl env generate env.generated_seed=0 env.generated_tasks=64 --out runs/data/retail
 
 It writes ``OUT/db/{orders,products,users}.json`` in the tau-bench retail schema (same keys, key
 order and value types), ``OUT/tasks_train.json`` and ``OUT/tasks_test.json`` (every fifth task is
@@ -16,7 +16,6 @@ variants each.  Task kinds and gold actions are built in :mod:`cast_rl.envs.reta
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import random
@@ -278,12 +277,3 @@ def write_retail(
         "test": len(test),
     }
 
-
-def main(args: argparse.Namespace) -> int:
-    """``cast-rl env generate``: write the generated retail data directory."""
-    if args.domain != "retail":
-        raise ValueError(f"--domain={args.domain!r} is not allowed; only retail is generated")
-    counts = write_retail(args.out, args.seed, args.num_tasks)
-    summary = ", ".join(f"{v} {k}" for k, v in counts.items())
-    print(f"wrote {args.out}: {summary}")
-    return 0

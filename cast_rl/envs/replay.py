@@ -2,12 +2,12 @@
 
 Run::
 
-    cast-rl env replay --domain retail --data-dir ../shared/benchmarks/retail --split test \
-        [--actions-file actions.jsonl] [--now 2024-05-15T15:00:00] --out replay.jsonl
+    cast-rl env replay [CONFIG] env.domain=retail env.data_dir=../shared/benchmarks/retail \
+        env.split=test [env.now=2024-05-15T15:00:00] [--actions-file actions.jsonl] --out replay.jsonl
 
-Without ``--actions-file`` every task of ``--split`` replays its gold actions.  With it, each input
-line ``{"split", "task_index", "actions": [{"name", "kwargs"}, ...]}`` is replayed instead (a line
-without ``split`` uses ``--split``).  Each output line is ``{"split", "task_index",
+Without ``--actions-file`` every task of ``env.split`` replays its gold actions.  With it, each
+input line ``{"split", "task_index", "actions": [{"name", "kwargs"}, ...]}`` is replayed instead
+(a line without ``split`` uses ``env.split``).  Each output line is ``{"split", "task_index",
 "observations", "final_state_hash", "reward"}``.
 
 Semantics, following the source's episode loop:
@@ -25,15 +25,13 @@ Semantics, following the source's episode loop:
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cast_rl.envs.core import DomainData, ToolEnv, fixed_clock, load_domain_data
+from cast_rl.envs.core import DomainData, ToolEnv
 from cast_rl.envs.types import Action
 
 logger = logging.getLogger(__name__)
@@ -110,34 +108,3 @@ def _parse_line(
         actions.append(Action(name=raw["name"], kwargs=raw.get("kwargs", {})))
     return split, index, actions
 
-
-def main(args: argparse.Namespace) -> int:
-    """``cast-rl env replay``: returns the exit status (2 for bad input)."""
-    try:
-        clock = fixed_clock(args.now) if args.now else None
-    except ValueError:
-        print(f"--now {args.now!r} is not an ISO time such as 2024-05-15T15:00:00", file=sys.stderr)
-        return 2
-    try:
-        data = load_domain_data(args.domain, args.data_dir, clock=clock)
-        if args.actions_file:
-            jobs = list(read_actions_file(Path(args.actions_file), data, args.split))
-        else:
-            jobs = [
-                (args.split, index, list(task.actions))
-                for index, task in enumerate(data.tasks(args.split))
-            ]
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    rewards = []
-    with out.open("w") as sink:
-        for split, index, actions in jobs:
-            record = replay(data, split, index, actions)
-            rewards.append(record["reward"])
-            sink.write(json.dumps(record) + "\n")
-    mean = sum(rewards) / len(rewards) if rewards else 0.0
-    print(f"replayed {len(rewards)} task(s) -> {out} (mean reward {mean:.3f})")
-    return 0

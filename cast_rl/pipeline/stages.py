@@ -204,25 +204,9 @@ def label(ctx: PipelineContext, out: Path) -> dict[str, Any]:
 
 async def _teacher_rewrite(ctx: PipelineContext, labels: list, trajectories: list) -> dict[str, float]:
     """Let the teacher rewrite each rationale; rewrites that leak are discarded (counted)."""
-    from cast_rl.critique.labeller import teacher_items
-    from cast_rl.critique.teacher import OpenAIChat, Teacher
-    from cast_rl.inference import build_engine
+    from cast_rl.critique.teacher import rewrite_labels
 
-    cfg = ctx.cfg.teacher
-    if cfg.inference.backend == "openai":
-        engine: Any = OpenAIChat(cfg.inference.base_url, cfg.model.path, cfg.inference.api_key_env)
-    else:
-        engine = build_engine(cfg.model.path, cfg.inference, seed=ctx.cfg.seed)
-    teacher = Teacher(engine)
-    try:
-        items = teacher_items(ctx.data, labels, trajectories)
-        results = await teacher.rewrite_many([item for _, item in items])
-        for (pos, _), rationale in zip(items, results):
-            if rationale is not None:
-                labels[pos].rationale = rationale.to_json()
-    finally:
-        await engine.close()
-    return {"label/teacher_rewritten": teacher.stats.rewritten, "label/teacher_discarded": teacher.stats.discarded}
+    return await rewrite_labels(ctx.cfg.teacher, ctx.data, labels, trajectories, seed=ctx.cfg.seed)
 
 
 def critic_data(ctx: PipelineContext, out: Path) -> dict[str, Any]:

@@ -36,9 +36,13 @@ def files(retail_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
 
 
 def _label(files: dict[str, Path], trajectories: Path, out: Path) -> int:
-    return main(["label", "--domain", "retail", "--data-dir", str(files["data"]),
-                 "--trajectories", str(trajectories), "--out", str(out),
-                 "--run-dir", str(files["dir"] / "run")])
+    return main(["label", *_env(files), f"run_dir={files['dir'] / 'run'}",
+                 "--trajectories", str(trajectories), "--out", str(out)])
+
+
+def _env(files: dict[str, Path]) -> list[str]:
+    """The config overrides naming the data the trajectories were collected on."""
+    return ["env.domain=retail", f"env.data_dir={files['data']}"]
 
 
 def test_label_cli_writes_one_line_per_action_and_a_summary(files, capsys) -> None:  # noqa: ANN001
@@ -77,8 +81,8 @@ def test_build_data_writes_balanced_parquet_splits(files, capsys, tiny_model_dir
     if not files["L"].exists():
         _label(files, files["T"], files["L"])
     out = files["dir"] / "critic"
-    assert main(["critic", "build-data", "--labels", str(files["L"]), "--trajectories",
-                 str(files["T"]), "--out", str(out), "--heldout-fraction", "0.25"]) == 0
+    assert main(["critic", "build-data", "pipeline.critic_heldout_fraction=0.25", "--labels", str(files["L"]),
+                 "--trajectories", str(files["T"]), "--out", str(out)]) == 0
     summary = json.loads(capsys.readouterr().out)
     seen: dict[str, set[int]] = {}
     for split in ("train", "heldout"):
@@ -99,7 +103,7 @@ def test_build_data_writes_balanced_parquet_splits(files, capsys, tiny_model_dir
     assert len(samples) == summary["heldout"]["examples"]
     # the rule critic on the held-out split: it agrees wherever visible rules decide; it cannot
     # see wrong tool usage that only the gold actions or the environment reveal
-    assert main(["critic", "eval", "--data", str(out / "heldout.parquet")]) == 0
+    assert main(["critic", "eval", *_env(files), "--data", str(out / "heldout.parquet")]) == 0
     metrics = json.loads(capsys.readouterr().out)
     assert metrics["critic/false_positive_rate"] <= 0.05
     assert metrics["critic/type_accuracy_detected"] >= 0.95

@@ -251,8 +251,7 @@ def test_cli_writes_a_loadable_data_dir(tmp_path: Path, capsys: pytest.CaptureFi
     from cast_rl.cli import main
 
     out = tmp_path / "retail"
-    assert main(["env", "generate", "--domain", "retail", "--seed", "4", "--num-tasks", "10",
-                 "--out", str(out)]) == 0
+    assert main(["env", "generate", "env.generated_seed=4", "env.generated_tasks=10", "--out", str(out)]) == 0
     assert str(out) in capsys.readouterr().out
     data = load_domain_data("retail", out)
     assert (len(data.tasks("train")), len(data.tasks("test"))) == (8, 2)

@@ -24,19 +24,17 @@ TRANSFER = {"name": "transfer_to_human_agents", "kwargs": {"summary": "x"}}
 
 
 def _replay(benchmarks_dir: Path, out: Path, *extra: str) -> int:
+    """``extra``: config overrides (``key=value``) and flags (``--actions-file F``)."""
     return cli(
         [
             "env",
             "replay",
-            "--domain",
-            "retail",
-            "--data-dir",
-            str(benchmarks_dir / "retail"),
-            "--split",
-            "test",
+            "env.domain=retail",
+            f"env.data_dir={benchmarks_dir / 'retail'}",
+            "env.split=test",
+            *extra,
             "--out",
             str(out),
-            *extra,
         ]
     )
 
@@ -54,7 +52,7 @@ def _pristine_hash(benchmarks_dir: Path) -> str:
 
 def test_gold_replay_of_the_test_split(benchmarks_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "gold.jsonl"
-    assert _replay(benchmarks_dir, out, "--now", "2024-05-15T15:00:00") == 0
+    assert _replay(benchmarks_dir, out, "env.now=2024-05-15T15:00:00") == 0
     records = _read(out)
     tasks = json.loads((benchmarks_dir / "retail" / "tasks_test.json").read_text())
     assert [(r["split"], r["task_index"]) for r in records] == [("test", i) for i in range(115)]
@@ -137,25 +135,9 @@ def test_malformed_line_names_file_and_line(
 def test_bad_now_and_bad_split(
     benchmarks_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    assert _replay(benchmarks_dir, tmp_path / "o.jsonl", "--now", "yesterday") == 2
-    assert "--now 'yesterday' is not an ISO time" in capsys.readouterr().err
-    assert (
-        cli(
-            [
-                "env",
-                "replay",
-                "--domain",
-                "retail",
-                "--data-dir",
-                str(benchmarks_dir / "retail"),
-                "--split",
-                "holdout",
-                "--out",
-                str(tmp_path / "o.jsonl"),
-            ]
-        )
-        == 2
-    )
+    assert _replay(benchmarks_dir, tmp_path / "o.jsonl", "env.now=yesterday") == 2
+    assert "env.now='yesterday' is not allowed; give an ISO time" in capsys.readouterr().err
+    assert _replay(benchmarks_dir, tmp_path / "o.jsonl", "env.split=holdout") == 2
     assert "available splits of retail: dev, test, train" in capsys.readouterr().err
 
 

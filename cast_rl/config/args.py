@@ -1,0 +1,64 @@
+"""The one configuration surface of every entry point: ``[CONFIG] [key=value ...]`` on argparse.
+
+Every ``cast-rl`` subcommand that reads configuration and every ``python -m launchers.*`` module
+adds its config arguments with :func:`add_config_arguments` and resolves them with
+:func:`config_from_args` (or :func:`parse_config` for a launcher's own parser)::
+
+    cast-rl label configs/quickstart.yaml env.now=2024-05-15T15:00:00 --trajectories T --out L
+    cast-rl env replay env.domain=airline env.data_dir=../shared/benchmarks/airline --out R.jsonl
+
+``CONFIG`` is a YAML file or ``default`` (the built-in defaults); it may be left out, and then the
+first argument is already an override.  Flags stay only for what is not configuration (input and
+output paths); anything a run is configured by is a dotted key, validated with the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from cast_rl.config.loader import ConfigError, load_config
+from cast_rl.config.schema import CastConfig
+
+DEFAULT = "default"
+"""The CONFIG value that means the built-in defaults (no YAML file)."""
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, example: str = "learner.lr=1e-6") -> None:
+    """Add the positional ``CONFIG`` (optional) and ``KEY=VALUE`` overrides to ``parser``."""
+    parser.add_argument(
+        "config",
+        nargs="?",
+        default=DEFAULT,
+        metavar="CONFIG",
+        help=f"YAML file, or '{DEFAULT}' for the built-in defaults (the default when left out)",
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"dotted config overrides such as {example}",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> CastConfig:
+    """The resolved configuration of ``args.config`` and ``args.overrides``; a one-line
+    :class:`ConfigError` (naming the key) when they do not validate."""
+    config, overrides = args.config, list(args.overrides)
+    if config != DEFAULT and "=" in config and not Path(config).is_file():
+        # CONFIG left out: what argparse took for it is the first override
+        config, overrides = DEFAULT, [config, *overrides]
+    return load_config(None if config == DEFAULT else config, overrides)
+
+
+def parse_config(
+    parser: argparse.ArgumentParser, argv: list[str] | None = None
+) -> tuple[argparse.Namespace, CastConfig]:
+    """Parse ``argv`` with ``parser`` (which has :func:`add_config_arguments`) and resolve the
+    configuration; a config error exits with status 2 and its one line, like a usage error."""
+    args = parser.parse_args(argv)
+    try:
+        return args, config_from_args(args)
+    except ConfigError as exc:
+        parser.exit(2, f"{exc}\n")
