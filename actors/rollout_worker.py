@@ -24,9 +24,8 @@ class RolloutWorkerActor:
         from cast_rl.rollout.worker import RolloutWorker
 
         engine = build_engine(cfg.policy.path, cfg.inference, seed=cfg.seed + worker_index, dtype=cfg.policy.dtype)
-        self.worker = RolloutWorker(
-            cfg, load_env_data(cfg), engine, build_verifier(cfg), worker_index=worker_index
-        )
+        data = load_env_data(cfg)
+        self.worker = RolloutWorker(cfg, data, engine, build_verifier(cfg, data), worker_index=worker_index)
         # user.type=llm on user.inference.backend=vllm: the user model's own engine, in this actor
         self.user_engine, self.worker.runner.user_complete = user_engine(cfg.user, seed=cfg.seed + worker_index)
 

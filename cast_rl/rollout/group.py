@@ -19,6 +19,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from cast_rl.config.schema import CastConfig, CriticConfig
 from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.rollout.worker import merge_worker_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -136,11 +137,9 @@ class RolloutGroup:
         return described[0]
 
     def metrics(self) -> dict[str, float]:
-        merged: dict[str, float] = {}
-        for m in ray.get([w.metrics.remote() for w in self.workers]):
-            for k, v in m.items():
-                merged[k] = merged.get(k, 0) + v if not k.endswith(("_rate", "_per_s", "_per_episode", "policy_version")) else max(merged.get(k, 0), v)
-        return merged
+        """The workers' ``rollout/`` metrics merged (:func:`~cast_rl.rollout.worker.merge_worker_metrics`:
+        counts and throughputs summed, per-episode rates weighted by episodes)."""
+        return merge_worker_metrics(ray.get([w.metrics.remote() for w in self.workers]))
 
     def shutdown(self) -> None:
         """Close every engine, then end the actors (a dead worker is just ended)."""

@@ -154,7 +154,7 @@ class RolloutWorker:
         if budget > 0 and self.runner.verifier is None:
             from cast_rl.rollout.verifiers import build_verifier
 
-            self.runner.verifier = self._guard(build_verifier(self.cfg))
+            self.runner.verifier = self._guard(build_verifier(self.cfg, self.runner.data))
         self.runner.cfg = self.cfg
         self.runner.budget = budget
 
@@ -212,3 +212,29 @@ class RolloutWorker:
         for reason, n in s.terminations.items():
             out[f"rollout/termination/{reason}"] = n
         return out
+
+
+EPISODES_KEY = "rollout/episodes"
+"""The count :func:`merge_worker_metrics` weights per-episode rates by."""
+
+
+def merge_worker_metrics(per_worker: list[dict[str, float]]) -> dict[str, float]:
+    """One set of ``rollout/`` metrics from each worker's :meth:`RolloutWorker.metrics`.
+
+    Counts and throughputs (``*_per_s``) add up: the workers generate at the same time, so the
+    group's throughput is the sum of theirs.  Per-episode rates (``*_rate``, ``*_per_episode``)
+    are weighted by each worker's ``rollout/episodes``.  ``rollout/policy_version`` is the newest
+    version any worker serves.
+    """
+    episodes = sum(m.get(EPISODES_KEY, 0.0) for m in per_worker)
+    merged: dict[str, float] = {}
+    for m in per_worker:
+        for key, value in m.items():
+            if key.endswith(("_rate", "_per_episode")):
+                share = m.get(EPISODES_KEY, 0.0) / episodes if episodes else 0.0
+                merged[key] = merged.get(key, 0.0) + value * share
+            elif key == "rollout/policy_version":
+                merged[key] = max(merged.get(key, value), value)
+            else:
+                merged[key] = merged.get(key, 0.0) + value
+    return merged

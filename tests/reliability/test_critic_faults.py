@@ -73,7 +73,7 @@ def test_critic_actors_killed_mid_verification_lose_no_episode(
         f"run_dir={tmp_path / 'run'}",
     ])
     data = load_domain_data("retail", retail_data_dir)
-    client = build_verifier(cfg)
+    client = build_verifier(cfg, data)
     assert isinstance(client, CriticServiceClient)  # the rule critic goes through the actors
     originals = list(client.handles)
     # Call 3 kills slot A with the request in flight (Ray restarts it); call 7 kills slot B for
