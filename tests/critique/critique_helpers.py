@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from cast_rl.config.schema import DOMAIN_NAMES
 from cast_rl.critique.gold import gold_trajectory
 from cast_rl.critique.inject import INJECTORS, inject
 from cast_rl.critique.labeller import Labeller
 from cast_rl.envs.core import DomainData
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DOMAINS = ("retail", "airline", "telecom", "telehealth")
+DOMAINS = DOMAIN_NAMES
 
 
 def benchmarks_dir() -> Path:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cast_rl.config import load_config
+from cast_rl.config.schema import DOMAIN_NAMES as DOMAINS
 from cast_rl.config.schema import CastConfig
 from cast_rl.envs.core import DomainData, Episode, load_domain_data
 from cast_rl.envs.types import RESPOND, STOP_TOKEN, Action
@@ -30,7 +31,6 @@ from cast_rl.rollout.expert import (
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 
 BENCHMARKS = Path(__file__).resolve().parents[2].parent / "shared" / "benchmarks"
-DOMAINS = ("retail", "airline", "telecom", "telehealth")
 pytestmark = pytest.mark.skipif(
     not BENCHMARKS.is_dir(), reason=f"benchmark data not found at {BENCHMARKS} (../shared/benchmarks)"
 )

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cast_rl.config import ConfigError, load_config
+from cast_rl.config.schema import DOMAIN_NAMES
 from cast_rl.critique.datasets import LabelFormatError, read_labels
 from cast_rl.inference.base import Completion, Sampling
 from cast_rl.models.chat import TOOL_CALL_RE, ParsedTurn, parse_assistant
@@ -306,7 +307,7 @@ def _domain_data(domain: str, retail_data_dir: Path) -> Any:
     return DomainData(domain, spec, Path("."), Database(tables), "policy", [])
 
 
-@pytest.mark.parametrize("domain", ["retail", "airline", "telecom", "telehealth"])
+@pytest.mark.parametrize("domain", DOMAIN_NAMES)
 def test_fuzzed_tool_calls_never_raise_nor_touch_the_pristine_db(domain: str, retail_data_dir: Path) -> None:
     """Raw model text -> parse_assistant -> parse_tool_call -> call_tool, for every domain's tools."""
     from cast_rl.envs.core import call_tool, parse_tool_call
