@@ -107,3 +107,21 @@ def test_the_domain_list_is_written_once() -> None:
     sources = [p for part in ("cast_rl", "actors", "launchers") for p in (repo / part).rglob("*.py")]
     copies = [p.relative_to(repo) for p in sources if '"retail", "airline", "telecom", "telehealth"' in p.read_text()]
     assert copies == [Path("cast_rl/config/schema.py")]
+
+
+def test_log_level_flag_is_the_logging_level_key() -> None:
+    """The one convenience flag kept is mapped onto its key in the helper (FLAG_KEYS)."""
+    import logging
+
+    from cast_rl.config.args import config_from_args
+
+    parser = build_parser()
+    root = logging.getLogger()
+    before = root.level
+    try:
+        cfg = config_from_args(parser.parse_args(["--log-level", "debug", "config", "show", "logging.level=ERROR"]))
+        assert cfg.logging.level == "DEBUG" and root.level == logging.DEBUG  # the flag wins
+        cfg = config_from_args(parser.parse_args(["config", "show", "logging.level=WARNING"]))
+        assert cfg.logging.level == "WARNING" and root.level == logging.WARNING  # the key is read
+    finally:
+        root.setLevel(before)

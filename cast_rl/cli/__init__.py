@@ -24,7 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cast-rl",
         description="CAST: critique-aware supervision for long-horizon tool-calling agents.",
     )
-    parser.add_argument("--log-level", default="INFO", help="console log level")
+    parser.add_argument(
+        "--log-level", default=None, help="console log level (INFO unless given; with a config it is logging.level)"
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMAND_MODULES:
         importlib.import_module(f"cast_rl.cli.{name}").register(subparsers)
@@ -35,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=(args.log_level or "INFO").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         return int(args.func(args) or 0)

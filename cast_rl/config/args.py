@@ -15,6 +15,7 @@ output paths); anything a run is configured by is a dotted key, validated with t
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 from cast_rl.config.loader import ConfigError, load_config
@@ -42,14 +43,29 @@ def add_config_arguments(parser: argparse.ArgumentParser, example: str = "learne
     )
 
 
+FLAG_KEYS = {"log_level": "logging.level"}
+"""Convenience flags that stand for a config key (``cast-rl --log-level DEBUG`` is
+``logging.level=DEBUG``; given, the flag wins over the config)."""
+
+
 def config_from_args(args: argparse.Namespace) -> CastConfig:
     """The resolved configuration of ``args.config`` and ``args.overrides``; a one-line
-    :class:`ConfigError` (naming the key) when they do not validate."""
+    :class:`ConfigError` (naming the key) when they do not validate.
+
+    Flags of :data:`FLAG_KEYS` present in ``args`` become overrides of their keys; the console
+    log level is then set from ``logging.level``.
+    """
     config, overrides = args.config, list(args.overrides)
     if config != DEFAULT and "=" in config and not Path(config).is_file():
         # CONFIG left out: what argparse took for it is the first override
         config, overrides = DEFAULT, [config, *overrides]
-    return load_config(None if config == DEFAULT else config, overrides)
+    for flag, key in FLAG_KEYS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.append(f"{key}={str(value).upper()}")
+    cfg = load_config(None if config == DEFAULT else config, overrides)
+    logging.getLogger().setLevel(cfg.logging.level)
+    return cfg
 
 
 def parse_config(

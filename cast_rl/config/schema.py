@@ -314,6 +314,13 @@ class RolloutConfig:
     """Ray GPUs per rollout worker."""
     max_restarts: int = 3
     """Times a crashed rollout worker is restarted."""
+    restart_wait_s: float = 600.0
+    """Longest the group waits for a restarted rollout worker to answer again (its engine
+    reloads) before the collection fails."""
+    chunk_size: int | None = None
+    """Episodes a worker takes per request from the group's queue (a crashed worker's chunk runs
+    again); None: ceil(units / (2 x num_workers)), at most episodes_in_flight, so each worker
+    gets about two chunks."""
     weight_sync: str = "object_store"
     """How new weights reach the engines: object_store (full state dict through Ray, checked
     with sha256; works anywhere) or collective (learner rank 0 broadcasts buckets in policy.dtype
@@ -335,6 +342,9 @@ class RolloutConfig:
         _check_positive("rollout.num_cpus_per_worker", self.num_cpus_per_worker, allow_zero=True)
         _check_positive("rollout.num_gpus_per_worker", self.num_gpus_per_worker, allow_zero=True)
         _check_positive("rollout.max_restarts", self.max_restarts, allow_zero=True)
+        _check_positive("rollout.restart_wait_s", self.restart_wait_s)
+        if self.chunk_size is not None:
+            _check_positive("rollout.chunk_size", self.chunk_size)
 
 
 @dataclass(frozen=True)

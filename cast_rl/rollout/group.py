@@ -27,6 +27,11 @@ Unit = tuple[str, int, int]
 _WORKER_FAILURES = (RayActorError, ActorDiedError, ActorUnavailableError)
 
 
+def default_chunk_size(units: int, workers: int, episodes_in_flight: int) -> int:
+    """``rollout.chunk_size=None``: about two chunks per worker, none above ``episodes_in_flight``."""
+    return max(1, min(episodes_in_flight, -(-units // (2 * workers))))
+
+
 class RolloutGroup:
     """N :class:`actors.rollout_worker.RolloutWorkerActor` and the work queue between them."""
 
@@ -58,7 +63,9 @@ class RolloutGroup:
         """One trajectory per unit (in the order given), whatever crashes happen on the way."""
         if len(set(units)) != len(units):
             raise ValueError("collect() got duplicate (split, task_index, trial) units")
-        size = chunk_size or max(1, min(self.cfg.rollout.episodes_in_flight, -(-len(units) // (2 * len(self.workers)))))
+        size = chunk_size or self.cfg.rollout.chunk_size or default_chunk_size(
+            len(units), len(self.workers), self.cfg.rollout.episodes_in_flight
+        )
         queue: deque[list[Unit]] = deque(units[i : i + size] for i in range(0, len(units), size))
         done: dict[Unit, Trajectory] = {}
         running: dict[Any, tuple[int, list[Unit]]] = {}
@@ -92,9 +99,10 @@ class RolloutGroup:
         assert not missing, f"lost units {missing[:5]}"
         return [done[u] for u in units]
 
-    def _wait_alive(self, w: int, timeout_s: float = 600.0) -> None:
-        """Block until the restarted actor answers (its engine reloads), or give up loudly."""
-        deadline = time.monotonic() + timeout_s
+    def _wait_alive(self, w: int) -> None:
+        """Block until the restarted actor answers (its engine reloads), or give up loudly
+        after ``rollout.restart_wait_s``."""
+        deadline = time.monotonic() + self.cfg.rollout.restart_wait_s
         while True:
             try:
                 ray.get(self.workers[w].ready.remote(), timeout=max(1.0, deadline - time.monotonic()))

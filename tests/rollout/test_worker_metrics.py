@@ -70,3 +70,16 @@ def test_the_in_process_rule_critic_knows_the_domain_tools(retail_data_dir: Path
     worker.set_verification_budget(1)
     rule = worker.runner.verifier.inner
     assert rule.tools == {"retail": data.tools} and data.tools
+
+
+def test_chunk_size_is_a_key_with_a_documented_default() -> None:
+    from cast_rl.rollout.group import default_chunk_size
+
+    assert load_config(None).rollout.chunk_size is None
+    assert load_config(None, ["rollout.chunk_size=5"]).rollout.chunk_size == 5
+    # None: about two chunks per worker (ceil(10 / (2 x 2)) = 3), capped by episodes_in_flight
+    assert (
+        default_chunk_size(10, 2, 32),
+        default_chunk_size(100, 1, 32),
+        default_chunk_size(1, 4, 32),
+    ) == (3, 32, 1)
