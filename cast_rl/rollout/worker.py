@@ -17,7 +17,7 @@ from typing import Any
 
 from cast_rl.config.schema import CastConfig, CriticConfig
 from cast_rl.envs.core import DomainData
-from cast_rl.inference.base import InferenceEngine, Sampling
+from cast_rl.inference.base import Completion, InferenceEngine, Sampling
 from cast_rl.inference.weight_sync import WeightSyncError, state_checksum
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 from cast_rl.rollout.trajectory import Trajectory
@@ -39,7 +39,7 @@ class PausableEngine:
         self._idle = asyncio.Event()
         self._idle.set()
 
-    async def generate(self, prompt_ids: list[int], sampling: Sampling):  # noqa: ANN201
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
         await self._running.wait()
         self._in_flight += 1
         self._idle.clear()
@@ -50,7 +50,9 @@ class PausableEngine:
             if self._in_flight == 0:
                 self._idle.set()
 
-    async def chat(self, messages, sampling, tools=None):  # noqa: ANN001, ANN201
+    async def chat(
+        self, messages: list[dict[str, Any]], sampling: Sampling, tools: list[dict[str, Any]] | None = None
+    ) -> Completion:
         await self._running.wait()
         return await self.engine.chat(messages, sampling, tools)
 
