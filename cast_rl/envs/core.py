@@ -21,6 +21,7 @@ work bounded, and a call slower than ``tool_timeout_s`` is logged.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import logging
@@ -361,6 +362,17 @@ class Episode:
             self.data, self.split, self.task_index, self.max_steps, self.tool_timeout_s
         )
         return await self.user.reset(self.env.task, self.env.db)
+
+    def fork(self) -> Episode:
+        """An independent copy of the episode: the environment forked copy-on-write, the user's
+        state copied and pointed at the fork's database."""
+        child = copy.copy(self)
+        child.env = self.env.fork()
+        child.user = self.user.fork()
+        observe = getattr(child.user, "observe_db", None)
+        if observe is not None:
+            observe(child.env.db)
+        return child
 
     async def step(self, action: Action) -> StepResult:
         """A tool call runs in the env; a ``respond`` is answered by the user."""

@@ -19,6 +19,7 @@ expert.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import re
@@ -195,6 +196,10 @@ class ExpertEngine:
 
     async def chat(self, messages, sampling, tools=None):  # noqa: ANN001, ANN201
         raise NotImplementedError("the expert only serves token prompts")
+
+    def fork(self) -> ExpertEngine:
+        """A copy with its own progress (a counterfactual branch continues from it)."""
+        return copy.copy(self)
 
     async def close(self) -> None:
         return None

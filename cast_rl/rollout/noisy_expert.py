@@ -30,6 +30,7 @@ it decodes the prompt, decides, and returns the canonical token ids of its turn.
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import re
@@ -101,6 +102,10 @@ class NoisyExpertEngine:
 
     async def chat(self, messages, sampling, tools=None):  # noqa: ANN001, ANN201
         raise NotImplementedError("NoisyExpertEngine only serves token prompts")
+
+    def fork(self) -> NoisyExpertEngine:
+        """A copy with its own progress (a counterfactual branch continues from it)."""
+        return copy.copy(self)
 
     async def close(self) -> None:
         return None

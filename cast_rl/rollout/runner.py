@@ -17,6 +17,7 @@ recorded and only the final action executes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import zlib
@@ -29,7 +30,7 @@ from cast_rl.critique.service import CriticUnavailable
 from cast_rl.envs.core import DomainData, Episode
 from cast_rl.envs.types import RESPOND, Action
 from cast_rl.envs.users import build_user
-from cast_rl.inference.base import GenerationTimeout, InferenceEngine, Sampling
+from cast_rl.inference.base import Completion, GenerationTimeout, InferenceEngine, Sampling
 from cast_rl.rollout.tokens import ConversationTokens
 from cast_rl.rollout.trajectory import CRITIC_NAME, PolicyTurn, Trajectory, VerificationRound
 
@@ -63,6 +64,49 @@ class RunnerStats:
     critiques: int = 0
     inconsistent_token_episodes: int = 0
     terminations: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class EpisodeState:
+    """An episode between two steps: the environment and user, the policy's engine, the token
+    conversation and everything recorded so far.  At a decision point (``on_decision`` of
+    :meth:`EpisodeRunner.run`) it is the exact state before the policy's next turn; :meth:`fork`
+    copies it in microseconds (copy-on-write database, copied user state) so that any number of
+    continuations can start there."""
+
+    spec: EpisodeSpec
+    episode: Episode
+    engine: Any
+    conv: ConversationTokens
+    sampling: Sampling
+    versions: set[int]
+    rounds: list[VerificationRound] = field(default_factory=list)
+    turns: list[PolicyTurn] = field(default_factory=list)
+    counters: dict[str, int] = field(
+        default_factory=lambda: {"malformed_calls": 0, "extra_calls_dropped": 0, "prompt_tokens": 0}
+    )
+    steps: int = 0
+    """Actions taken (tool calls, messages to the user, malformed turns)."""
+    round_index: int = 0
+    """Critique rounds spent on the pending decision."""
+    reward: float = 0.0
+    termination: str = "max_steps"
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def message_index(self) -> int:
+        """Index the policy's next message will have."""
+        return len(self.conv.messages)
+
+    def fork(self) -> EpisodeState:
+        """An independent copy: steps on either side are invisible to the other."""
+        fork_engine = getattr(self.engine, "fork", None)
+        return replace(
+            self, episode=self.episode.fork(), engine=fork_engine() if fork_engine else self.engine,
+            conv=self.conv.fork(), versions=set(self.versions),
+            rounds=[replace(r) for r in self.rounds], turns=[replace(t) for t in self.turns],
+            counters=dict(self.counters),
+        )
 
 
 class EpisodeRunner:
@@ -122,66 +166,186 @@ class EpisodeRunner:
 
         return list(await asyncio.gather(*(one(s) for s in specs)))
 
-    async def run(self, spec: EpisodeSpec) -> Trajectory:
-        """One episode from reset to its end."""
-        t0 = time.perf_counter()
+    async def run(self, spec: EpisodeSpec, on_decision: Callable[[EpisodeState], None] | None = None) -> Trajectory:
+        """One episode from reset to its end.
+
+        ``on_decision`` is called with the live state at every decision point (just before each
+        policy generation, revisions after a critique included); it may keep ``state.fork()``
+        to branch from there later (tree rollouts, counterfactual credit).
+        """
+        state = self.new_state(spec)
+        await self._advance(state, on_decision, reset=True)
+        return self._record(state)
+
+    def new_state(self, spec: EpisodeSpec) -> EpisodeState:
+        """A fresh episode, not yet reset."""
         # A per-episode seed: reruns of a crashed worker's episodes sample the same way.
         seed = zlib.crc32(repr((self.cfg.seed, spec.key)).encode()) & 0x7FFFFFFF
-        sampling = replace(self.sampling, seed=seed)
         user = build_user(self.cfg.user, self.user_complete, seed=seed)
         engine = self._episode_engine(spec)
         episode = Episode(
             self.data, spec.split, spec.task_index, user, self.cfg.env.max_steps,
             self.cfg.env.tool_timeout_s,
         )
-        conv = ConversationTokens(engine.tokenizer, self.data.tools)
-        versions = {self.policy_version()}
-        rounds: list[VerificationRound] = []
-        turns: list[PolicyTurn] = []
-        counters = {"malformed_calls": 0, "extra_calls_dropped": 0, "prompt_tokens": 0}
-        reward, termination = 0.0, "max_steps"
-        try:
-            first = await asyncio.wait_for(episode.reset(), self.cfg.user.timeout_s)
-            conv.add_context([{"role": "system", "content": self.data.policy}, {"role": "user", "content": first}])
-            steps = 0
-            while steps < self.cfg.env.max_steps:
-                action, message = await self._propose(engine, conv, sampling, spec, rounds, turns, counters, versions)
+        return EpisodeState(
+            spec=spec, episode=episode, engine=engine, conv=ConversationTokens(engine.tokenizer, self.data.tools),
+            sampling=replace(self.sampling, seed=seed), versions={self.policy_version()},
+        )
+
+    async def continue_from(
+        self, state: EpisodeState, action: Action | None = None, seed: int | None = None,
+        on_decision: Callable[[EpisodeState], None] | None = None,
+    ) -> Trajectory:
+        """Play a fork of ``state`` (a decision point) to the end with this runner's policy.
+
+        With ``action``, that action takes the policy's place at the decision point: it runs
+        unchecked, and its turn is recorded with ``substituted=True`` and loss mask 0.  ``seed``
+        replaces the episode's sampling seed (distinct seeds give distinct continuations); with
+        neither, a deterministic policy reproduces the original continuation exactly.  ``state``
+        itself is left untouched, so one decision point serves any number of branches.
+        """
+        branch = state.fork()
+        branch.started = time.perf_counter()
+        if seed is not None:
+            branch.sampling = replace(branch.sampling, seed=seed)
+        if action is None:
+            await self._advance(branch, on_decision)
+            return self._record(branch)
+        if len(branch.conv) + len(self._substitute_ids(branch.conv, action)) > self.cfg.inference.max_model_len:
+            branch.termination = "context_overflow"
+        else:
+            ids = self._substitute_ids(branch.conv, action)
+            message, _ = branch.conv.add_policy_turn(Completion(text="", token_ids=ids, logprobs=[0.0] * len(ids)))
+            start, end = branch.conv.last_span
+            branch.conv.loss_mask[start:end] = [0] * (end - start)  # not the policy's sample
+            branch.conv.policy_tokens -= end - start
+            branch.turns.append(PolicyTurn(len(branch.conv.messages) - 1, start, end, action.to_json(), substituted=True))
+            self._note_revision(branch, action)
+            branch.round_index = 0
+            if not await self._guarded(branch, self._take(branch, action, message)):
+                await self._advance(branch, on_decision)
+                return self._record(branch)
+        branch.conv.finish()
+        return self._record(branch)
+
+    async def replay(self, traj: Trajectory, message_index: int) -> EpisodeState:
+        """Reset ``traj``'s episode and replay its recorded prefix up to the decision point that
+        produced ``messages[message_index]`` (an assistant message): the slow way to the state
+        that a snapshot's :meth:`EpisodeState.fork` gives at once.
+
+        The recorded policy turns (their exact token ids) and critiques are fed back through the
+        same loop that ran the episode, so tools, the user and the token bookkeeping act as they
+        did.  Raises :class:`ReplayDiverged` when the environment or the user answers otherwise
+        (a user that is not deterministic for the episode's seed).  A stateful per-episode engine
+        (the gold-plan expert) starts fresh.
+        """
+        if not (0 < message_index < len(traj.messages)) or traj.messages[message_index]["role"] != "assistant":
+            raise ValueError(f"message_index={message_index} is not an assistant message of the trajectory")
+        if not traj.turns:
+            raise ValueError("the trajectory has no recorded turns (written before turns were recorded); "
+                             "it cannot be replayed")
+        spec = EpisodeSpec(traj.split, traj.task_index, traj.trial)
+        recorded = _Recorded(traj, self.engine.tokenizer if self.engine is not None else None)
+        runner = EpisodeRunner(self.cfg, self.data, recorded, recorded if recorded.checked else None,
+                               self.policy_version, self.user_complete)
+        if recorded.checked:  # every recorded critique is served, an unchecked turn stays so
+            runner.budget = 1 << 30
+        state = runner.new_state(spec)
+        state.engine = recorded
+        reached: list[EpisodeState] = []
+
+        def stop_at(s: EpisodeState) -> None:
+            if len(s.conv.messages) == message_index:
+                reached.append(s)
+                raise _Reached
+
+        with contextlib.suppress(_Reached):
+            await runner._advance(state, stop_at, reset=True)
+        if not reached:
+            raise ReplayDiverged(f"episode {spec.key}: the replay ended ({state.termination}) before message {message_index}")
+        if state.conv.messages != traj.messages[:message_index]:
+            first = next(i for i, (a, b) in enumerate(zip(state.conv.messages, traj.messages)) if a != b)
+            raise ReplayDiverged(f"episode {spec.key}: message {first} differs on replay "
+                                 f"({state.conv.messages[first]!r} != {traj.messages[first]!r})")
+        state.engine = self._episode_engine(spec)
+        return state
+
+    async def _advance(
+        self, state: EpisodeState, on_decision: Callable[[EpisodeState], None] | None = None, reset: bool = False,
+    ) -> None:
+        """Run ``state`` from where it stands to the end of the episode."""
+
+        async def loop() -> None:
+            if reset:
+                first = await asyncio.wait_for(state.episode.reset(), self.cfg.user.timeout_s)
+                state.conv.add_context(
+                    [{"role": "system", "content": self.data.policy}, {"role": "user", "content": first}]
+                )
+            while state.steps < self.cfg.env.max_steps:
+                action, message = await self._propose(state, on_decision)
                 if action is None:
-                    termination = message
-                    break
-                steps += 1
-                more = steps < self.cfg.env.max_steps  # else no generation prompt after this turn
-                if isinstance(action, str):  # malformed: an error observation, counted
-                    error = {"role": "tool", "tool_call_id": "invalid", "content": action}
-                    conv.add_context([error], generation_prompt=more)
-                    continue
-                result = await self._execute(episode, action)
-                if action.name == RESPOND:
-                    reply = {"role": "user", "content": result.observation}
-                else:
-                    call_id = message["tool_calls"][0]["id"]
-                    reply = {
-                        "role": "tool", "tool_call_id": call_id, "name": action.name,
-                        "content": result.observation,
-                    }
-                conv.add_context([reply], generation_prompt=more and not result.done)
-                if result.done:
-                    reward = float(result.reward)
-                    termination = "user_stop" if action.name == RESPOND else (
-                        "max_steps" if result.info.get("max_steps_reached") else "terminate_tool"
-                    )
-                    break
+                    state.termination = message
+                    return
+                if await self._take(state, action, message):
+                    return
+
+        await self._guarded(state, loop())
+        state.conv.finish()
+
+    async def _guarded(self, state: EpisodeState, work: Any) -> bool:
+        """Await ``work``; an episode-ending failure becomes ``state.termination`` (True)."""
+        try:
+            return bool(await work)
         except GenerationTimeout:
-            termination = "generation_timeout"
+            state.termination = "generation_timeout"
         except CriticUnavailable as exc:  # every retry and fail-over of the critic failed
-            logger.warning("episode %s: %s", spec.key, exc)
-            termination = "critic_unavailable"
+            logger.warning("episode %s: %s", state.spec.key, exc)
+            state.termination = "critic_unavailable"
         except _StepTimeout as exc:
-            termination = exc.reason
+            state.termination = exc.reason
         except asyncio.TimeoutError:  # the user's opening message
-            termination = "user_timeout"
-        conv.finish()
-        return self._record(spec, conv, reward, termination, rounds, turns, counters, versions, t0)
+            state.termination = "user_timeout"
+        return True
+
+    async def _take(self, state: EpisodeState, action: Action | str, message: dict[str, Any]) -> bool:
+        """Run the decided action and add its observation; True when the episode ended."""
+        state.steps += 1
+        more = state.steps < self.cfg.env.max_steps  # else no generation prompt after this turn
+        if isinstance(action, str):  # malformed: an error observation, counted
+            error = {"role": "tool", "tool_call_id": "invalid", "content": action}
+            state.conv.add_context([error], generation_prompt=more)
+            return False
+        result = await self._execute(state.episode, action)
+        if action.name == RESPOND:
+            reply = {"role": "user", "content": result.observation}
+        else:
+            call_id = message["tool_calls"][0]["id"]
+            reply = {
+                "role": "tool", "tool_call_id": call_id, "name": action.name,
+                "content": result.observation,
+            }
+        state.conv.add_context([reply], generation_prompt=more and not result.done)
+        if result.done:
+            state.reward = float(result.reward)
+            state.termination = "user_stop" if action.name == RESPOND else (
+                "max_steps" if result.info.get("max_steps_reached") else "terminate_tool"
+            )
+        return bool(result.done)
+
+    def _substitute_ids(self, conv: ConversationTokens, action: Action) -> list[int]:
+        """The canonical token ids of ``action`` written as a policy turn (end token included)."""
+        from cast_rl.rollout.expert import tool_call_text
+
+        text = action.kwargs.get("content", "") if action.name == RESPOND else tool_call_text(action.name, action.kwargs)
+        tok = conv.tokenizer
+        return [*tok(text, add_special_tokens=False).input_ids, tok.convert_tokens_to_ids(tok.eos_token)]
+
+    @staticmethod
+    def _note_revision(state: EpisodeState, action: Action | str) -> None:
+        """A turn that follows a rejected proposal is that proposal's revision."""
+        rounds = state.rounds
+        if rounds and rounds[-1].revision is None and rounds[-1].message_index < len(state.conv.messages) - 1:
+            rounds[-1].revision = action.to_json() if isinstance(action, Action) else {"malformed": action}
 
     def _episode_engine(self, spec: EpisodeSpec) -> Any:
         """The engine serving one episode: the shared one, or the task's own expert."""
@@ -191,38 +355,41 @@ class EpisodeRunner:
 
         return expert_engine(self.engine.tokenizer, self.data.task(spec.split, spec.task_index), self.data.spec)
 
-    async def _propose(self, engine, conv, sampling, spec, rounds, turns, counters, versions):  # noqa: ANN001, ANN202
+    async def _propose(self, state: EpisodeState, on_decision: Callable[[EpisodeState], None] | None):
         """Generate an action, running critique-revise rounds; returns (action, message).
 
         The action is an :class:`Action`, an error-observation string for a malformed turn, or
         None (then ``message`` is the termination reason).
         """
-        round_index = 0
+        conv = state.conv
         while True:
             if len(conv) + self.sampling.max_new_tokens > self.cfg.inference.max_model_len:
                 return None, "context_overflow"
-            counters["prompt_tokens"] += len(conv)
-            completion = await engine.generate(conv.token_ids, sampling)
-            versions.add(self.policy_version())
+            if on_decision is not None:
+                on_decision(state)
+            state.counters["prompt_tokens"] += len(conv)
+            completion = await state.engine.generate(conv.token_ids, state.sampling)
+            state.versions.add(self.policy_version())
             message, parsed = conv.add_policy_turn(completion)
-            action = _to_action(parsed, counters)
+            action = _to_action(parsed, state.counters)
             turn = PolicyTurn(len(conv.messages) - 1, *conv.last_span,
                               action.to_json() if isinstance(action, Action) else None,
                               action if isinstance(action, str) else None)
-            turns.append(turn)
-            if rounds and rounds[-1].revision is None and rounds[-1].message_index < len(conv.messages) - 1:
-                rounds[-1].revision = action.to_json() if isinstance(action, Action) else {"malformed": action}
-            if isinstance(action, str) or round_index >= self.budget:
+            state.turns.append(turn)
+            self._note_revision(state, action)
+            if isinstance(action, str) or state.round_index >= self.budget:
+                state.round_index = 0
                 return action, message
             (critique,) = await self.verifier.verify([self._request(conv, action)])
             self.stats.critiques += 1
             turn.verdict, turn.error_type = critique.verdict, critique.error_type
             if critique.verdict != "invalid":
+                state.round_index = 0
                 return action, message
             turn.executed = False
-            rounds.append(VerificationRound(len(conv.messages) - 1, action.to_json(), critique.to_json()))
+            state.rounds.append(VerificationRound(len(conv.messages) - 1, action.to_json(), critique.to_json()))
             conv.add_context([{"role": "user", "name": CRITIC_NAME, "content": critique.text}])
-            round_index += 1
+            state.round_index += 1
 
     async def _execute(self, episode: Episode, action: Action):  # noqa: ANN202
         """Run one action with its timeout: the user's turn, or the tool in a worker thread.
@@ -251,33 +418,75 @@ class EpisodeRunner:
             messages=[dict(m) for m in conv.messages[:-1]], proposal=action.to_json(),
         )
 
-    def _record(self, spec, conv, reward, termination, rounds, turns, counters, versions, t0) -> Trajectory:  # noqa: ANN001
-        s = self.stats
+    def _record(self, state: EpisodeState) -> Trajectory:
+        s, conv, counters = self.stats, state.conv, state.counters
         s.episodes += 1
         s.policy_tokens += conv.policy_tokens
         s.prompt_tokens += counters["prompt_tokens"]
         s.malformed_calls += counters["malformed_calls"]
         s.extra_calls_dropped += counters["extra_calls_dropped"]
         s.inconsistent_token_episodes += 0 if conv.consistent else 1
-        s.terminations[termination] = s.terminations.get(termination, 0) + 1
+        s.terminations[state.termination] = s.terminations.get(state.termination, 0) + 1
+        spec = state.spec
         return Trajectory(
             domain=self.data.spec.name, split=spec.split, task_index=spec.task_index,
-            trial=spec.trial, reward=reward, policy_version=min(versions),
+            trial=spec.trial, reward=state.reward, policy_version=min(state.versions),
             messages=conv.messages, token_ids=conv.token_ids, loss_mask=conv.loss_mask,
             logprobs=conv.logprobs,
-            verification_rounds=[asdict(r) for r in rounds],
-            turns=[asdict(t) for t in turns],
+            verification_rounds=[asdict(r) for r in state.rounds],
+            turns=[asdict(t) for t in state.turns],
             info={
-                "termination": termination,
-                "policy_versions": sorted(versions),
+                "termination": state.termination,
+                "policy_versions": sorted(state.versions),
                 "policy_tokens": conv.policy_tokens,
                 "prompt_tokens": counters["prompt_tokens"],
                 "malformed_calls": counters["malformed_calls"],
                 "extra_calls_dropped": counters["extra_calls_dropped"],
                 "tokens_consistent": conv.consistent,
-                "wall_s": round(time.perf_counter() - t0, 4),
+                "wall_s": round(time.perf_counter() - state.started, 4),
             },
         )
+
+
+class ReplayDiverged(RuntimeError):
+    """A replayed prefix did not reproduce the recorded episode."""
+
+
+class _Reached(Exception):
+    """The replay reached its decision point."""
+
+
+class _Recorded:
+    """Engine and verifier in one: answers a replay with a trajectory's recorded turns and
+    critiques, turn by turn (see :meth:`EpisodeRunner.replay`)."""
+
+    def __init__(self, traj: Trajectory, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._traj = traj
+        self._turns = traj.policy_turns()
+        self._rejections = iter(r["critique"] for r in traj.verification_rounds)
+        self._next = 0
+        self.checked = any(t.verdict is not None for t in self._turns)
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
+        if self._next >= len(self._turns):
+            raise ReplayDiverged("the replay asked for more policy turns than were recorded")
+        t = self._turns[self._next]
+        self._next += 1
+        return Completion(text="", token_ids=self._traj.token_ids[t.start:t.end],
+                          logprobs=self._traj.logprobs[t.start:t.end])
+
+    async def verify(self, requests: list[Any]) -> list[Any]:
+        """The recorded critique of the turn just served; a turn the critic never saw gets a
+        verdict of None, which the runner treats as unchecked."""
+        from cast_rl.critique.verifier import Critique
+
+        t = self._turns[self._next - 1]
+        if t.verdict is None:
+            return [Critique(verdict=None, error_type=None)]  # type: ignore[arg-type]
+        if t.executed:
+            return [Critique(verdict=t.verdict, error_type=t.error_type or "none")]
+        return [Critique(**next(self._rejections))]
 
 
 class _StepTimeout(Exception):

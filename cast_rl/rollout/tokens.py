@@ -20,6 +20,7 @@ says whether that held (it is reported as a rollout metric, never silently assum
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -127,6 +128,13 @@ class ConversationTokens:
             self._append_context_text("\n")
         if self.consistent and self._text != self._render(self.messages, generation_prompt=False):
             self.consistent = False
+
+    def fork(self) -> ConversationTokens:
+        """An independent copy (the tokenizer is shared)."""
+        child = copy.copy(self)
+        child.messages = list(self.messages)
+        child.token_ids, child.loss_mask, child.logprobs = list(self.token_ids), list(self.loss_mask), list(self.logprobs)
+        return child
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -70,6 +70,10 @@ class PolicyTurn:
     """The critic's error type when it judged the proposal."""
     executed: bool = True
     """False when the critic rejected the proposal (it never ran; a revision follows)."""
+    substituted: bool = False
+    """True for an action put in the policy's place by a counterfactual branch
+    (:meth:`~cast_rl.rollout.runner.EpisodeRunner.continue_from`): its tokens carry loss mask 0
+    and no logprobs, and it ran unchecked."""
 
 
 @dataclass

@@ -17,6 +17,7 @@ environment variable.  A call slower than ``timeout_s`` raises
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -78,6 +79,12 @@ class LLMUser:
     async def step(self, agent_message: str) -> str:
         self.messages.append({"role": "user", "content": agent_message})
         return await self._generate()
+
+    def fork(self) -> LLMUser:
+        """A copy with its own history; it samples through the same ``complete``."""
+        child = copy.copy(self)
+        child.messages = [dict(m) for m in self.messages]
+        return child
 
     async def _generate(self) -> str:
         try:
