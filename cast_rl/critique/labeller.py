@@ -89,6 +89,7 @@ class ActionLabel:
             "verdict": self.verdict,
             "error_type": self.error_type,
             "rationale": self.rationale,
+            "source": self.source,
         }
         if self.decisive:
             out["decisive"] = True

@@ -39,7 +39,7 @@ def test_label_lines_have_exactly_the_documented_keys(data) -> None:  # noqa: AN
     labels = Labeller(data).label(gold_trajectory(data, "train", 0), 7)
     assert labels and all(
         set(lab.to_json()) == {"trajectory_index", "message_index", "action", "verdict", "error_type",
-                             "rationale"} for lab in labels
+                             "rationale", "source"} for lab in labels
     )
     assert {lab.to_json()["trajectory_index"] for lab in labels} == {7}
     assert all(lab.verdict == "valid" and lab.error_type == "none" for lab in labels)
