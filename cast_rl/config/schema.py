@@ -664,10 +664,23 @@ class PipelineConfig:
     critic_heldout_eval: list[str] = field(default_factory=lambda: ["rule", "base", "trained"])
     """Critics measured on the held-out critic split after train_critic (rule: the rule critic;
     base: critic.model untrained; trained: the stage's model); empty skips the measurement."""
+    blame_k: int = 0
+    """Verified blame in the label stage (cast_rl.critique.blame): continuations from the
+    corrected state per invalid label of a failed trajectory, with the collected policy; the
+    records go to 03_label/blame.jsonl and blame/ metrics.  0 skips it."""
+    critic_data_blame: str = "off"
+    """off, or filter: critic_data leaves out of the critic's training split every invalid label
+    that verified blame checked and did not confirm (needs blame_k > 0; the held-out split is
+    kept whole, so held-out metrics compare like with like)."""
 
     def __post_init__(self) -> None:
         for stage in self.stages:
             _check_choice("pipeline.stages[]", stage, PIPELINE_STAGES)
+        _check_positive("pipeline.blame_k", self.blame_k, allow_zero=True)
+        _check_choice("pipeline.critic_data_blame", self.critic_data_blame, ("off", "filter"))
+        if self.critic_data_blame == "filter" and not self.blame_k:
+            raise ValueError("pipeline.critic_data_blame='filter' is not allowed with pipeline.blame_k=0; "
+                             "verified blame must run to say which labels it confirms")
         _check_positive("pipeline.warmstart_epochs", self.warmstart_epochs, allow_zero=True)
         _check_positive("pipeline.collect_trials", self.collect_trials)
         _check_positive("pipeline.train_tasks", self.train_tasks, allow_zero=True)
