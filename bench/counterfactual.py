@@ -31,7 +31,9 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -53,6 +55,18 @@ def _median_ms(fn, repeats: int) -> float:  # noqa: ANN001
     return statistics.median(times)
 
 
+def _keep(snapshots: dict[int, EpisodeState], state: EpisodeState) -> None:
+    snapshots.setdefault(state.message_index, state.fork())
+
+
+def _replay(runner: EpisodeRunner, traj: Any, index: int) -> None:
+    asyncio.run(runner.replay(traj, index))
+
+
+def _continue(runner: EpisodeRunner, state: EpisodeState) -> None:
+    asyncio.run(runner.continue_from(state))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=20)
@@ -72,19 +86,19 @@ def main() -> None:
             runner = EpisodeRunner(cfg, data, engine)
             snapshots: dict[int, EpisodeState] = {}
             spec = EpisodeSpec("train", task, 0)
-            traj = asyncio.run(runner.run(spec, on_decision=lambda s: snapshots.setdefault(s.message_index, s.fork())))
+            traj = asyncio.run(runner.run(spec, on_decision=partial(_keep, snapshots)))
             writes = [t.message_index for t in traj.policy_turns()
                       if t.action and t.action["name"] in data.spec.write_tools]
             for index, snapshot in sorted(snapshots.items()):
                 f = _median_ms(snapshot.fork, args.repeats)
-                r = _median_ms(lambda i=index: asyncio.run(runner.replay(traj, i)), args.repeats)
+                r = _median_ms(partial(_replay, runner, traj, index), args.repeats)
                 fork_ms.append(f)
                 replay_ms.append(r)
                 if writes and index == writes[-1]:
                     fork_last.append(f)
                     replay_last.append(r)
                     prefix_msgs.append(index)
-                    cont_ms.append(_median_ms(lambda s=snapshot: asyncio.run(runner.continue_from(s)), args.repeats))
+                    cont_ms.append(_median_ms(partial(_continue, runner, snapshot), args.repeats))
 
     out = {
         "episodes": args.tasks,
