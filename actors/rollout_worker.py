@@ -35,6 +35,10 @@ class RolloutWorkerActor:
     async def collect(self, units: list[tuple[str, int, int]]) -> list[Trajectory]:
         return await self.worker.collect(units)
 
+    async def blame(self, trajectories: dict[int, Trajectory], labels: list[dict[str, Any]], k: int,
+                    seed: int) -> list[dict[str, Any]]:
+        return await self.worker.blame(trajectories, labels, k, seed)
+
     async def update_weights(self, version: int, state: dict[str, Any], checksum: str) -> int:
         return await self.worker.update_weights(version, state, checksum)
 

@@ -40,6 +40,7 @@ CONFIGURED = {
     "env replay": ["env", "replay", "--out", "o"],
     "rollout": ["rollout", "--out", "o"],
     "label": ["label", "--trajectories", "t", "--out", "o"],
+    "blame": ["blame", "--trajectories", "t", "--labels", "l", "--out", "o"],
     "critic build-data": ["critic", "build-data", "--labels", "l", "--trajectories", "t", "--out", "o"],
     "critic eval": ["critic", "eval", "--data", "d"],
     "eval": ["eval"],

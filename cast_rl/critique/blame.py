@@ -111,7 +111,7 @@ def branch_seed(seed: int, key: tuple[Any, ...], branch: int) -> int:
 
 async def verify_blame(
     data: DomainData,
-    trajectories: list[Trajectory],
+    trajectories: list[Trajectory] | dict[int, Trajectory],
     labels: list[dict[str, Any]],
     runner_for: Callable[[Trajectory], Any],
     k: int,
@@ -119,7 +119,8 @@ async def verify_blame(
 ) -> list[BlameRecord]:
     """Check every invalid label of an executed action in a failed trajectory (see the module doc).
 
-    ``labels`` are label-file lines (``trajectory_index`` = position in ``trajectories``);
+    ``labels`` are label-file lines (``trajectory_index`` = position in ``trajectories``, or its
+    key when a share of a file comes as ``{index: trajectory}``);
     ``runner_for(trajectory)`` gives the :class:`~cast_rl.rollout.runner.EpisodeRunner` that
     replays it and plays the branches (the run's config, so the user and seeds are the same).
     """
@@ -147,12 +148,14 @@ async def verify_blame(
         return record
 
     jobs = []
-    for index, traj in enumerate(trajectories):
+    items = trajectories.items() if isinstance(trajectories, dict) else enumerate(trajectories)
+    for index, traj in items:
         if is_success(traj.reward):
             continue
         executed = {t.message_index for t in traj.policy_turns() if t.executed}
         jobs += [check(index, traj, lab) for lab in by_traj.get(index, []) if lab["message_index"] in executed]
-    return list(await asyncio.gather(*jobs))
+    records = await asyncio.gather(*jobs)
+    return sorted(records, key=lambda r: (r.trajectory_index, r.message_index))
 
 
 def blame_metrics(records: list[BlameRecord], failed: int) -> dict[str, float]:

@@ -153,8 +153,14 @@ def build_critic_data(
     out_dir: str | Path,
     heldout_fraction: float = 0.2,
     seed: int = 0,
+    drop_from_train: set[tuple[int, int]] | frozenset[tuple[int, int]] = frozenset(),
 ) -> dict[str, Any]:
-    """Write ``train.parquet`` and ``heldout.parquet``; returns counts for a summary."""
+    """Write ``train.parquet`` and ``heldout.parquet``; returns counts for a summary.
+
+    ``drop_from_train``: ``(trajectory_index, message_index)`` of labels to leave out of the
+    training split (e.g. invalid labels verified blame did not confirm); the held-out split
+    keeps them, so held-out metrics of critics trained with and without the filter compare.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -167,12 +173,17 @@ def build_critic_data(
     examples, skipped = examples_from_labels(labels, trajectories)
     rng = random.Random(seed)
     splits = {
-        "train": [e for e in examples if not _heldout(e.trajectory_index, heldout_fraction, seed)],
+        "train": [e for e in examples if not _heldout(e.trajectory_index, heldout_fraction, seed)
+                  and (e.trajectory_index, e.message_index) not in drop_from_train],
         "heldout": [e for e in examples if _heldout(e.trajectory_index, heldout_fraction, seed)],
     }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"labels": len(labels), "skipped_no_rationale": skipped}
+    if drop_from_train:
+        summary["dropped_from_train"] = sum(
+            1 for e in examples if (e.trajectory_index, e.message_index) in drop_from_train
+            and not _heldout(e.trajectory_index, heldout_fraction, seed))
     for name, rows in splits.items():
         kept = balance(rows, rng)
         table = pa.Table.from_pylist([e.row() for e in kept], schema=_schema())

@@ -197,9 +197,28 @@ def label(ctx: PipelineContext, out: Path) -> dict[str, Any]:
 
         metrics.update(asyncio.run(_teacher_rewrite(ctx, labels, trajectories)))
         write_labels(out / "labels.jsonl", labels)
+    summary = {"actions": len(labels), **{k.removeprefix("label/"): v for k, v in metrics.items()}}
+    if ctx.cfg.pipeline.blame_k:
+        blame = _verified_blame(ctx, out, [lab.to_json() for lab in labels], trajectories)
+        metrics.update(blame)
+        summary["blame"] = {k.removeprefix("blame/"): v for k, v in blame.items()}
     with _metrics(ctx, "label") as log:
         log.log(metrics)
-    return {"actions": len(labels), **{k.removeprefix("label/"): v for k, v in metrics.items()}}
+    return summary
+
+
+def _verified_blame(ctx: PipelineContext, out: Path, labels: list[dict[str, Any]],
+                    trajectories: list[Trajectory]) -> dict[str, float]:
+    """Verified blame of the collected policy's failures (``pipeline.blame_k`` continuations per
+    invalid label, no critic in the loop): ``blame.jsonl`` and ``blame/`` metrics."""
+    from cast_rl.critique.blame import BlameRecord, blame_metrics, count_failed, write_blame
+
+    group = ctx.rollout_group()
+    group.set_verification_budget(0)
+    rows = group.blame(trajectories, labels, ctx.cfg.pipeline.blame_k, ctx.cfg.seed)
+    records = [BlameRecord(**{k: v for k, v in row.items() if k != "confirmed"}) for row in rows]
+    write_blame(out / "blame.jsonl", records)
+    return blame_metrics(records, count_failed(trajectories))
 
 
 async def _teacher_rewrite(ctx: PipelineContext, labels: list, trajectories: list) -> dict[str, float]:
@@ -212,9 +231,15 @@ async def _teacher_rewrite(ctx: PipelineContext, labels: list, trajectories: lis
 def critic_data(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     from cast_rl.critique.datasets import build_critic_data
 
+    drop: set[tuple[int, int]] = set()
+    if ctx.cfg.pipeline.critic_data_blame == "filter":
+        from cast_rl.critique.blame import confirmed_keys
+
+        checked, confirmed = confirmed_keys(ctx.stage_dir("label") / "blame.jsonl")
+        drop = checked - confirmed  # invalid labels the counterfactual did not bear out
     return build_critic_data(
         ctx.stage_dir("label") / "labels.jsonl", ctx.stage_dir("collect") / "trajectories.jsonl",
-        out, heldout_fraction=ctx.cfg.pipeline.critic_heldout_fraction, seed=ctx.cfg.seed,
+        out, heldout_fraction=ctx.cfg.pipeline.critic_heldout_fraction, seed=ctx.cfg.seed, drop_from_train=drop,
     )
 
 

@@ -117,6 +117,24 @@ class RolloutGroup:
                     raise
                 time.sleep(1.0)  # Ray is still restarting the actor: back off, then ask again
 
+    def blame(self, trajectories: list[Trajectory], labels: list[dict[str, Any]], k: int,
+              seed: int) -> list[dict[str, Any]]:
+        """Verified blame of a labelled file's failed trajectories, shared out over the workers
+        (trajectory by trajectory); records sorted by (trajectory_index, message_index)."""
+        from cast_rl.eval.passk import is_success
+
+        failed = [i for i, t in enumerate(trajectories) if not is_success(t.reward)]
+        shares = [failed[w :: len(self.workers)] for w in range(len(self.workers))]
+        refs = []
+        for worker, share in zip(self.workers, shares):
+            if share:
+                keep = set(share)
+                refs.append(worker.blame.remote(
+                    {i: trajectories[i] for i in share}, [lab for lab in labels if lab["trajectory_index"] in keep],
+                    k, seed))
+        records = [r for part in ray.get(refs) for r in part]
+        return sorted(records, key=lambda r: (r["trajectory_index"], r["message_index"]))
+
     def update_weights(self, version: int, state_ref: Any, checksum: str) -> list[int]:
         """Every worker loads the published weights (one object-store put, many readers), or,
         given a broadcast ticket (``rollout.weight_sync=collective``), receives them from the

@@ -97,6 +97,19 @@ class RolloutWorker:
         finally:
             self._busy_s += time.perf_counter() - t0
 
+    async def blame(self, trajectories: dict[int, Trajectory], labels: list[dict[str, Any]], k: int,
+                    seed: int) -> list[dict[str, Any]]:
+        """Verified blame (:func:`cast_rl.critique.blame.verify_blame`) of these trajectories'
+        labels, continuing with this worker's policy and critic settings; records as dicts."""
+        from cast_rl.critique.blame import verify_blame
+
+        t0 = time.perf_counter()
+        try:
+            records = await verify_blame(self.runner.data, trajectories, labels, lambda _: self.runner, k, seed)
+        finally:
+            self._busy_s += time.perf_counter() - t0
+        return [r.to_json() for r in records]
+
     async def update_weights(self, version: int, state: dict[str, Any], checksum: str) -> int:
         """Load new weights in place; refuses stale versions and corrupted payloads."""
         if version <= self.version:

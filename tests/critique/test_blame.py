@@ -101,3 +101,37 @@ def test_privileged_correction_asks_for_the_missing_confirmation(setup) -> None:
 def test_teacher_errors_are_drawn_as_the_fixture_says() -> None:
     # the fixture sets errors directly; the seeded draw is what the warm-start uses
     assert draw_error(episode_seed(0, ("train", 0, 0)), 1.0, ("wrong_argument",)) == "wrong_argument"
+
+
+def test_critic_data_leaves_out_what_blame_did_not_confirm(setup, tmp_path: Path) -> None:  # noqa: ANN001
+    import pyarrow.parquet as pq
+
+    from cast_rl.critique.blame import confirmed_keys, write_blame
+    from cast_rl.critique.datasets import build_critic_data
+    from cast_rl.rollout.trajectory import write_trajectories
+
+    data, trajs, labels, runner_for = setup
+    first_call = next(t for t in trajs[0].policy_turns() if t.action and t.action["name"] != RESPOND)
+    labels = [dict(lab) for lab in labels]
+    planted = next(lab for lab in labels if lab["trajectory_index"] == 0 and lab["message_index"] == first_call.message_index)
+    planted.update(verdict="invalid", error_type="hallucination", source="planted")
+    records = asyncio.run(verify_blame(data, trajs, labels, runner_for, k=1))
+    write_blame(tmp_path / "blame.jsonl", records)
+    checked, confirmed = confirmed_keys(tmp_path / "blame.jsonl")
+    assert checked - confirmed == {(0, first_call.message_index)}
+
+    write_trajectories(tmp_path / "trajectories.jsonl", trajs)
+    (tmp_path / "labels.jsonl").write_text("".join(json.dumps(lab) + "\n" for lab in labels))
+    kept = build_critic_data(tmp_path / "labels.jsonl", tmp_path / "trajectories.jsonl", tmp_path / "all",
+                             heldout_fraction=0.0)
+    filtered = build_critic_data(tmp_path / "labels.jsonl", tmp_path / "trajectories.jsonl", tmp_path / "f",
+                                 heldout_fraction=0.0, drop_from_train=checked - confirmed)
+    assert filtered["dropped_from_train"] == 1
+
+    def keys(path: Path) -> set[tuple[int, int]]:
+        rows = pq.read_table(path).to_pylist()
+        return {(r["trajectory_index"], r["message_index"]) for r in rows if r["verdict"] == "invalid"}
+
+    assert (0, first_call.message_index) in keys(tmp_path / "all" / "train.parquet")
+    assert (0, first_call.message_index) not in keys(tmp_path / "f" / "train.parquet")
+    assert kept["labels"] == filtered["labels"]
