@@ -23,14 +23,16 @@ PIPELINE_STAGES = "[collect,label,critic_data,eval_after]"
 @pytest.fixture
 def pipeline_overrides(tiny_model_dir: Path, retail_data_dir: Path) -> list[str]:
     """Overrides that make `launchers.pipeline` a small job on the tiny model: collect two
-    training tasks, label them, build critic data, and evaluate two test tasks (n=2) without
-    and with the rule critic."""
+    training tasks, label them (with verified blame: one continuation per invalid label, through
+    the rollout worker), build critic data, and evaluate two test tasks (n=2) without and with the
+    rule critic."""
     return [
         f"policy.path={tiny_model_dir}",
         f"env.data_dir={retail_data_dir}",
         f"pipeline.stages={PIPELINE_STAGES}",
         "pipeline.train_tasks=2",
         "pipeline.collect_trials=1",
+        "pipeline.blame_k=1",
         "rollout.num_workers=1",
         "rollout.num_cpus_per_worker=1",
         "env.max_steps=2",
@@ -51,6 +53,14 @@ def _check_pipeline_output(run_dir: Path) -> None:
         assert traj.domain == "retail" and traj.policy_version == 0
         assert len(traj.token_ids) == len(traj.loss_mask) == len(traj.logprobs) > 0
     assert (run_dir / "03_label" / "labels.jsonl").read_text().strip()
+    # verified blame ran in the label stage on the rollout worker: one record per invalid label
+    # of an executed action (every collected episode failed), each replayed and continued once
+    labels = [json.loads(line) for line in (run_dir / "03_label" / "labels.jsonl").read_text().splitlines()]
+    blame = [json.loads(line) for line in (run_dir / "03_label" / "blame.jsonl").read_text().splitlines()]
+    executed = {(i, t["message_index"]) for i, traj in enumerate(trajectories) for t in traj.turns if t["executed"]}
+    expected = {(lab["trajectory_index"], lab["message_index"]) for lab in labels if lab["verdict"] == "invalid"} & executed
+    assert blame and {(r["trajectory_index"], r["message_index"]) for r in blame} == expected
+    assert all(r["k"] == 1 for r in blame if r["correction"]) and summary["stages"]["label"]["blame"]["labels"] == len(blame)
     report = json.loads((run_dir / "report" / "report.json").read_text())
     labels = [c["label"] for c in report["configurations"]]
     assert labels == ["after: no critic", "after: critic B=1 (rule)"]  # which critic it had
