@@ -7,7 +7,7 @@ Run::
 
 The domain data is the config's (``env.domain``, ``env.data_dir``, ``env.now``: the same keys the
 rollouts ran with).  One output line per action: ``{"trajectory_index", "message_index", "action",
-"verdict", "error_type", "rationale"}``.  A summary (counts by verdict and error type, rationales
+"verdict", "error_type", "rationale", "source"}`` (``source``: the rule that decided).  A summary (counts by verdict and error type, rationales
 dropped by the leakage check) goes to stderr and to the metrics logger (``label/`` metrics under
 ``run_dir``, W&B mode ``logging.mode``).  With ``teacher.enabled=true`` a teacher LLM
 (``teacher.inference.backend=openai`` for an OpenAI-compatible endpoint, or vllm for a local model at

@@ -48,7 +48,7 @@ def _env(files: dict[str, Path]) -> list[str]:
 def test_label_cli_writes_one_line_per_action_and_a_summary(files, capsys) -> None:  # noqa: ANN001
     assert _label(files, files["T"], files["L"]) == 0
     labels = [json.loads(line) for line in files["L"].read_text().splitlines()]
-    keys = {"trajectory_index", "message_index", "action", "verdict", "error_type", "rationale"}
+    keys = {"trajectory_index", "message_index", "action", "verdict", "error_type", "rationale", "source"}
     assert all(set(lab) - {"decisive"} == keys and lab.get("decisive", True) is True for lab in labels)
     by_key = {(lab["trajectory_index"], lab["message_index"]): lab for lab in labels}
     injected = json.loads((files["dir"] / "injected.json").read_text())
