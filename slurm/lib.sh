@@ -115,7 +115,9 @@ _cast_srun_args() {
     fi
 }
 
-# Options every `ray start` gets; $1 holds extra options (RAY_HEAD_EXTRA_ARGS/RAY_WORKER_EXTRA_ARGS).
+# Options every `ray start` on node $2 gets; $1 holds extra options (RAY_HEAD_EXTRA_ARGS/
+# RAY_WORKER_EXTRA_ARGS). `%n` in RAY_TMP_DIR becomes the node's name, so that Ray nodes sharing
+# one host (several slurmd on one machine) keep their sessions and sockets apart.
 _cast_ray_node_args() {
     CAST_RAY_ARGS=(--block --disable-usage-stats)
     [ -n "$RAY_NUM_CPUS" ] && CAST_RAY_ARGS+=(--num-cpus="$RAY_NUM_CPUS")
@@ -123,7 +125,7 @@ _cast_ray_node_args() {
     [ -n "$RAY_OBJECT_STORE_BYTES" ] && CAST_RAY_ARGS+=(--object-store-memory="$RAY_OBJECT_STORE_BYTES")
     [ -n "$RAY_OBJECT_MANAGER_PORT" ] && CAST_RAY_ARGS+=(--object-manager-port="$RAY_OBJECT_MANAGER_PORT")
     [ -n "$RAY_NODE_MANAGER_PORT" ] && CAST_RAY_ARGS+=(--node-manager-port="$RAY_NODE_MANAGER_PORT")
-    [ -n "$RAY_TMP_DIR" ] && CAST_RAY_ARGS+=(--temp-dir="$RAY_TMP_DIR")
+    [ -n "$RAY_TMP_DIR" ] && CAST_RAY_ARGS+=(--temp-dir="${RAY_TMP_DIR//%n/$2}")
     local extra=()
     read -r -a extra <<<"$1"
     CAST_RAY_ARGS+=("${extra[@]}")
@@ -133,7 +135,7 @@ _cast_ray_node_args() {
 cast_start_head() {
     local node=$1 ip_args=()
     _cast_srun_args "$node"
-    _cast_ray_node_args "$RAY_HEAD_EXTRA_ARGS"
+    _cast_ray_node_args "$RAY_HEAD_EXTRA_ARGS" "$node"
     [ -n "$CAST_HEAD_IP" ] && ip_args=(--node-ip-address="$CAST_HEAD_IP")
     cast_log "ray head on $node (GCS port $RAY_PORT, dashboard $DASHBOARD_HOST:$DASHBOARD_PORT)"
     srun "${CAST_SRUN_ARGS[@]}" --job-name=ray-head \
@@ -149,7 +151,7 @@ cast_start_head() {
 cast_start_worker() {
     local node=$1
     _cast_srun_args "$node"
-    _cast_ray_node_args "$RAY_WORKER_EXTRA_ARGS"
+    _cast_ray_node_args "$RAY_WORKER_EXTRA_ARGS" "$node"
     cast_log "ray worker on $node -> $CAST_HEAD_IP:$RAY_PORT"
     srun "${CAST_SRUN_ARGS[@]}" --job-name="ray-worker-$node" \
         ray start --address="$CAST_HEAD_IP:$RAY_PORT" "${CAST_RAY_ARGS[@]}" \

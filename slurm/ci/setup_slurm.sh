@@ -1,10 +1,14 @@
 #!/bin/bash
-# Start a single-node Slurm for tests and CI: slurm-wlm + munge from Debian's packages, daemons
-# started by hand (no systemd, no cgroups, no accounting). Follows the tested recipe in
-# shared/notes/slurm.md. Run as root:
+# Start a two-node Slurm on this one machine for tests and CI: slurm-wlm + munge from Debian's
+# packages, daemons started by hand (no systemd, no cgroups, no accounting). Follows the tested
+# recipe in shared/notes/slurm.md. Run as root:
 #
 #   slurm/ci/setup_slurm.sh [STATE_FILE]        # then slurm/ci/teardown_slurm.sh [STATE_FILE]
 #
+# The partition `debug` has two nodes, n1 and n2, both on this host: one slurmctld and two slurmd
+# (`slurmd -N n1`, `slurmd -N n2`), each with its own port and its own spool dir, pid file and log
+# (the `%n` paths in slurm.conf). Each node offers all of the host's CPUs, so the CPUs are
+# overcommitted two to one; a job on one node gets what a one-node Slurm would give it.
 # Installs the packages only when slurmctld is missing. Starts only what is not already
 # running, and records what it started (munged, slurm) in STATE_FILE
 # [/run/cast-slurm-ci.started] so that teardown_slurm.sh stops exactly that. Writes
@@ -13,6 +17,7 @@
 set -euo pipefail
 STATE=${1:-/run/cast-slurm-ci.started}
 MARKER="# written by cast_rl slurm/ci/setup_slurm.sh"
+NODES=(n1 n2)
 export DEBIAN_FRONTEND=noninteractive
 
 say() { echo "setup_slurm: $*"; }
@@ -61,10 +66,15 @@ else
     if [ ! -e "$conf" ] || grep -qF "$MARKER" "$conf"; then
         host=$(hostname -s)
         addr=""
-        # SlurmctldHost/NodeName must be `hostname -s`; where that name does not resolve,
-        # give the loopback address explicitly.
+        # Both nodes live on this host: NodeHostname is `hostname -s`; where that name does not
+        # resolve, give the loopback address explicitly.
         getent hosts "$host" >/dev/null || addr=127.0.0.1
         mem=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
+        node_lines=""
+        for i in "${!NODES[@]}"; do
+            node_lines+="NodeName=${NODES[$i]} NodeHostname=$host${addr:+ NodeAddr=$addr} Port=$((6818 + i))"
+            node_lines+=" CPUs=$(nproc) RealMemory=$((mem * 9 / 10)) State=UNKNOWN"$'\n'
+        done
         mkdir -p /etc/slurm
         cat >"$conf" <<CONF
 $MARKER
@@ -73,11 +83,11 @@ SlurmctldHost=${host}${addr:+($addr)}
 SlurmUser=slurm
 AuthType=auth/munge
 StateSaveLocation=/var/spool/slurmctld
-SlurmdSpoolDir=/var/spool/slurmd
+SlurmdSpoolDir=/var/spool/slurmd/%n
 SlurmctldPidFile=/run/slurmctld.pid
-SlurmdPidFile=/run/slurmd.pid
+SlurmdPidFile=/run/slurmd-%n.pid
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd.log
+SlurmdLogFile=/var/log/slurm/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -87,32 +97,43 @@ MpiDefault=none
 ReturnToService=2
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
-NodeName=${host}${addr:+ NodeAddr=$addr} CPUs=$(nproc) RealMemory=$((mem * 9 / 10)) State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+${node_lines}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
     else
-        say "keeping the existing $conf (not written by this script)"
+        say "keeping the existing $conf (not written by this script); one slurmd for this host"
+        NODES=("")
     fi
     install -d -o slurm -g slurm /var/spool/slurmctld /var/log/slurm
-    install -d /var/spool/slurmd
     echo slurm >>"$STATE"
-    slurmctld # both daemons fork into the background and write their pid files
-    slurmd
+    slurmctld # the daemons fork into the background and write their pid files
+    for node in "${NODES[@]}"; do
+        if [ -n "$node" ]; then
+            install -d "/var/spool/slurmd/$node"
+            slurmd -N "$node"
+        else
+            slurmd
+        fi
+    done
 fi
 
-node_idle() {
-    local state
-    state=$(sinfo -h -N -o %t 2>/dev/null | head -n1)
-    case "$state" in
-    idle | mix | alloc) return 0 ;;
-    down* | drain* | drng*) scontrol update nodename="$(sinfo -h -N -o %N | head -n1)" state=resume ;;
-    esac
-    return 1
+nodes_idle() { # every node up; resume the ones that came up down or drained
+    local node state ok=0
+    while read -r node state; do
+        case "$state" in
+        idle | mix | alloc) ;;
+        down* | drain* | drng*)
+            scontrol update nodename="$node" state=resume
+            ok=1
+            ;;
+        *) ok=1 ;;
+        esac
+    done < <(sinfo -h -N -o '%N %t' 2>/dev/null)
+    [ -n "$(sinfo -h -N -o %N 2>/dev/null)" ] && return $ok
 }
-if ! wait_for 30 node_idle; then
-    say "the Slurm node did not become idle:"
+if ! wait_for 30 nodes_idle; then
+    say "the Slurm nodes did not become idle:"
     sinfo -N -l || true
-    tail -n 20 /var/log/slurm/slurmctld.log /var/log/slurm/slurmd.log || true
+    tail -n 20 /var/log/slurm/slurmctld.log /var/log/slurm/slurmd*.log || true
     exit 1
 fi
 sinfo

@@ -3,8 +3,9 @@
 #
 #   slurm/ci/teardown_slurm.sh [STATE_FILE]      # default /run/cast-slurm-ci.started
 #
-# slurm: cancel the remaining jobs, `scontrol shutdown` (stops slurmctld and slurmd), wait for
-# both by their pid files, clear the spool state. munged: stopped by its pid file.
+# slurm: cancel the remaining jobs, `scontrol shutdown` (stops slurmctld and every slurmd), wait
+# for them by their pid files (/run/slurmd-NODE.pid, one per node), clear the spool state.
+# munged: stopped by its pid file.
 set -uo pipefail
 STATE=${1:-/run/cast-slurm-ci.started}
 [ -f "$STATE" ] || exit 0
@@ -22,10 +23,11 @@ stop_pid_file() { # stop_pid_file FILE: wait up to 10 s for the process to end, 
 if grep -qx slurm "$STATE"; then
     scancel --user="$(id -un)" 2>/dev/null
     scontrol shutdown 2>/dev/null
-    stop_pid_file /run/slurmctld.pid
-    stop_pid_file /run/slurmd.pid
+    for pid_file in /run/slurmctld.pid /run/slurmd.pid /run/slurmd-*.pid; do
+        [ -e "$pid_file" ] && stop_pid_file "$pid_file"
+        rm -f "$pid_file"
+    done
     rm -rf /var/spool/slurmctld/* /var/spool/slurmd/*
-    rm -f /run/slurmctld.pid /run/slurmd.pid
 fi
 if grep -qx munged "$STATE"; then
     pid=$(cat /run/munge/munged.pid 2>/dev/null) && kill "$pid" 2>/dev/null
