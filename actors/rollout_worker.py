@@ -32,8 +32,8 @@ class RolloutWorkerActor:
     def ready(self) -> bool:
         return True
 
-    async def collect(self, units: list[tuple[str, int, int]]) -> list[Trajectory]:
-        return await self.worker.collect(units)
+    async def collect(self, units: list[tuple[str, int, int]], tree: tuple[int, str] | None = None) -> list[Trajectory]:
+        return await self.worker.collect(units, tree)
 
     async def blame(self, trajectories: dict[int, Trajectory], labels: list[dict[str, Any]], k: int,
                     seed: int) -> list[dict[str, Any]]:

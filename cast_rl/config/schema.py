@@ -438,6 +438,8 @@ class LearnerConfig:
             )
 
 
+TREE_POINTS = ("writes", "flagged", "all")
+"""Decision points step-level GRPO branches from (``algorithm.tree_points``)."""
 OUTCOME_ADV_ESTIMATORS = (
     "grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized",
     "reinforce_plus_plus_baseline", "opo", "gpg",
@@ -478,7 +480,13 @@ class AlgorithmConfig:
     samples: list[str] = field(default_factory=lambda: ["outcome_groups"])
     """Critique-aware sample kinds (cast_rl.learner.critique_samples): outcome_groups (GRPO with
     turn-level critic credit), revision, supervised (critique-enriched SFT), distill
-    (critique-free distillation of revisions), rft (successes without critique)."""
+    (critique-free distillation of revisions), rft (successes without critique), step_groups
+    (step-level GRPO on tree rollouts: tree_branches continuations from each tree_points state)."""
+    tree_branches: int = 4
+    """step_groups: continuations per decision point, the original episode included (K >= 2)."""
+    tree_points: str = "writes"
+    """step_groups: where training episodes branch: writes (before each write that ran),
+    flagged (before each proposal the critic rejected) or all (before every turn that ran)."""
     steps: int = 10
     """Optimizer steps of policy optimisation."""
     mode: str = "sync"
@@ -520,7 +528,11 @@ class AlgorithmConfig:
         _check_positive("algorithm.max_collections_per_step", self.max_collections_per_step)
         for kind in self.samples:
             _check_choice("algorithm.samples[]", kind,
-                          ("outcome_groups", "revision", "supervised", "distill", "rft"))
+                          ("outcome_groups", "revision", "supervised", "distill", "rft", "step_groups"))
+        if self.tree_branches < 2:
+            raise ValueError(f"algorithm.tree_branches={self.tree_branches} is not allowed; a step group "
+                             "needs at least 2 continuations")
+        _check_choice("algorithm.tree_points", self.tree_points, TREE_POINTS)
 
 
 @dataclass(frozen=True)

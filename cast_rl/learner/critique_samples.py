@@ -34,6 +34,16 @@ builder gives it a positive loss.  The kinds, combinable, are picked by name fro
 ``rft`` (rejection-sampling fine-tuning baseline)
     Successful trajectories in which no critique happened; loss on every policy turn.
 
+``step_groups`` (step-level GRPO on tree rollouts)
+    Training episodes are collected as trees (:meth:`~cast_rl.rollout.runner.EpisodeRunner.run_tree`):
+    from each decision point ``algorithm.tree_points`` names, ``algorithm.tree_branches`` - 1 more
+    continuations start from the root's exact state.  The K episodes that share a state form a
+    group; verl's estimator turns their raw outcomes into advantages relative to that state's
+    own baseline, credited only to the tokens of the branching turn and after it (the shared
+    prefix gets nothing from the group).  Unlike per-turn-index normalisation across different
+    trajectories, every comparison is between continuations of one state.  The root takes part
+    in each of its points' groups, one sample per group.
+
 Parquet datasets (critic data, rejection-sampling data) load through
 :func:`supervised_from_parquet`.
 """
@@ -185,6 +195,50 @@ def outcome_group_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id
     return out
 
 
+def step_group_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
+    """One policy sample per (episode, decision point) of the collected trees (module doc)."""
+    algo = cfg.algorithm
+    members: dict[str, list[tuple[Trajectory, int, int]]] = defaultdict(list)
+    for t in trajs:
+        tree = t.info.get("tree")
+        if not tree:
+            continue
+        base = f"{group_id(t, round_id)}/{t.trial}"
+        if "points" in tree:  # the root belongs to the group of each of its points
+            for point in tree["points"]:
+                members[f"{base}/{point}"].append((t, point, 0))
+        else:
+            members[f"{base}/{tree['point']}"].append((t, tree["point"], tree["branch"]))
+    rows = []
+    for g, group in members.items():
+        if len(group) < 2:
+            continue
+        for t, point, branch in group:
+            turns = [turn for turn in policy_turns(t) if turn.message_index >= point]
+            mask = executed_mask(t, turns) if turns else [0] * len(t.token_ids)
+            if any(mask):
+                rows.append((t, point, branch, mask, g))
+    if not rows:
+        return []
+    advs = verl_advantages([float(r[0].reward) for r in rows], [r[3] for r in rows], [r[4] for r in rows],
+                           algo.adv_estimator, algo.norm_adv_by_std)
+    outcomes: dict[str, set[float]] = defaultdict(set)
+    for t, _, _, _, g in rows:
+        outcomes[g].add(float(t.reward))
+    out = []
+    for (t, point, branch, mask, g), adv in zip(rows, advs):
+        if algo.filter_zero_variance_groups and len(outcomes[g]) == 1:
+            continue  # every continuation of this state ended alike: no step-level signal
+        out.append(Sample(
+            key=sample_key(t, round_id, "step", f"{point}/{branch}"), source="step_groups",
+            token_ids=list(t.token_ids), loss_mask=mask, logprobs=list(t.logprobs), advantage=adv,
+            reward=float(t.reward), policy_version=t.policy_version, group=g,
+            critique_changed=bool(t.verification_rounds),
+            info={"outcome": float(t.reward), "point": point, "branch": branch},
+        ))
+    return out
+
+
 def revision_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
     """A policy sample per judged revision; reward = the critic accepted it (module doc)."""
     pending: list[tuple[Trajectory, PolicyTurn, float]] = []
@@ -290,6 +344,7 @@ SAMPLE_BUILDERS: dict[str, SampleBuilder] = {
     "supervised": supervised_from_trajectories,
     "distill": distill_from_trajectories,
     "rft": rft_from_trajectories,
+    "step_groups": step_group_samples,
 }
 SUPERVISED_KINDS = ("supervised", "distill", "rft")
 """Kinds that give cross-entropy samples (the pipeline fine-tunes on them before any RL)."""

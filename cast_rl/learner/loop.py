@@ -142,12 +142,24 @@ def collection_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     if not trajs:
         return {}
     zero, groups = zero_variance_groups(trajs)
+    roots = [t for t in trajs if "point" not in t.info.get("tree", {})]
     return {
         "train/reward_mean": statistics.fmean(t.reward for t in trajs),
         "train/episodes": float(len(trajs)),
+        # environment steps the collection cost (a tree continuation counts only what follows
+        # its branch point): the x axis for comparing tree and plain collection
+        "train/env_steps": float(sum(_env_steps(t) for t in trajs)),
+        "train/root_reward_mean": statistics.fmean(t.reward for t in roots) if roots else 0.0,
         "rollout/critique_rounds": float(sum(len(t.verification_rounds) for t in trajs)),
         "rollout/zero_variance_group_frac": zero / groups,
     }
+
+
+def _env_steps(traj: Trajectory) -> int:
+    tree = traj.info.get("tree")
+    if tree:
+        return int(tree["env_steps"])
+    return sum(1 for t in traj.policy_turns() if t.executed) if traj.turns else 0
 
 
 def _newer(version: list[int], than: int, stop: threading.Event) -> bool:
@@ -183,7 +195,11 @@ class TrainLoop:
             units = self.cursor.next_units(tasks_per_step(self.cfg), self.cfg.rollout.trials_per_task)
             round_id = f"r{self.state.rounds}"
             self.state.rounds += 1
-        trajs = self.collector.collect(units)
+        algo = self.cfg.algorithm
+        if "step_groups" in algo.samples:  # tree rollouts: continuations from decision points
+            trajs = self.collector.collect(units, tree=(algo.tree_branches, algo.tree_points))
+        else:
+            trajs = self.collector.collect(units)
         samples = build_samples(trajs, self._sample_cfg, round_id)
         added = self.buffer.add(samples)
         self._last_collection = collection_metrics(trajs)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SOURCES = ("outcome_groups", "revision", "supervised")
+SOURCES = ("outcome_groups", "revision", "supervised", "step_groups")
 """Where a sample came from; ``supervised`` samples take the cross-entropy loss, the rest the
 policy loss."""
 

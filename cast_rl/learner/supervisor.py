@@ -54,8 +54,8 @@ class MonotoneCollector:
         self.checksums: dict[int, str] = {}
         self.skipped: dict[int, str] = {}
 
-    def collect(self, units: list[tuple[str, int, int]]) -> Any:
-        return self.collector.collect(units)
+    def collect(self, units: list[tuple[str, int, int]], **kwargs: Any) -> Any:
+        return self.collector.collect(units, **kwargs)
 
     def update_weights(self, version: int, weights: Any, checksum: str) -> Any:
         if self.published and version <= self.published[-1]:

@@ -59,22 +59,24 @@ class RolloutGroup:
         units: list[Unit],
         on_done: Callable[[Trajectory], None] | None = None,
         chunk_size: int | None = None,
+        tree: tuple[int, str] | None = None,
     ) -> list[Trajectory]:
-        """One trajectory per unit (in the order given), whatever crashes happen on the way."""
+        """One trajectory per unit (in the order given), whatever crashes happen on the way;
+        with ``tree = (branches, points)``, each unit's tree rollout (root, then continuations)."""
         if len(set(units)) != len(units):
             raise ValueError("collect() got duplicate (split, task_index, trial) units")
         size = chunk_size or self.cfg.rollout.chunk_size or default_chunk_size(
             len(units), len(self.workers), self.cfg.rollout.episodes_in_flight
         )
         queue: deque[list[Unit]] = deque(units[i : i + size] for i in range(0, len(units), size))
-        done: dict[Unit, Trajectory] = {}
+        done: dict[Unit, list[Trajectory]] = {}
         running: dict[Any, tuple[int, list[Unit]]] = {}
         idle = list(range(len(self.workers)))
         while queue or running:
             while queue and idle:
                 w = idle.pop(0)
                 chunk = queue.popleft()
-                running[self.workers[w].collect.remote(chunk)] = (w, chunk)
+                running[self.workers[w].collect.remote(chunk, tree)] = (w, chunk)
             ready, _ = ray.wait(list(running), num_returns=1)
             ref = ready[0]
             w, chunk = running.pop(ref)
@@ -89,15 +91,16 @@ class RolloutGroup:
                 continue
             for traj in trajectories:
                 unit = (traj.split, traj.task_index, traj.trial)
-                if unit in done:  # cannot happen with unit-keyed chunks; guard the invariant
+                if unit in done and "point" not in traj.info.get("tree", {}):
+                    # cannot happen with unit-keyed chunks (a tree's continuations name their point)
                     raise AssertionError(f"duplicate trajectory for {unit}")
-                done[unit] = traj
+                done.setdefault(unit, []).append(traj)
                 if on_done is not None:
                     on_done(traj)
             idle.append(w)
         missing = [u for u in units if u not in done]
         assert not missing, f"lost units {missing[:5]}"
-        return [done[u] for u in units]
+        return [t for u in units for t in done[u]]
 
     def _wait_alive(self, w: int) -> None:
         """Block until the restarted actor answers (its engine reloads), or give up loudly

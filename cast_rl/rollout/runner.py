@@ -23,6 +23,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from cast_rl.config.schema import CastConfig
@@ -227,6 +228,31 @@ class EpisodeRunner:
                 return self._record(branch)
         branch.conv.finish()
         return self._record(branch)
+
+    async def run_tree(self, spec: EpisodeSpec, branches: int, points: str) -> list[Trajectory]:
+        """An episode and ``branches - 1`` more continuations from each of its decision points
+        named by ``points`` (writes, flagged, all: see :func:`tree_points`), root first.
+
+        The root's ``info["tree"]`` lists the points; each continuation's names its ``point``,
+        ``branch`` (1..K-1) and ``env_steps`` (actions after the point: what it cost beyond the
+        shared prefix).  Continuations sample with seeds of their own, so a stochastic policy
+        explores from the very state the root was in.
+        """
+        snapshots: dict[int, EpisodeState] = {}
+        root = await self.run(spec, on_decision=partial(_keep_first, snapshots))
+        chosen = [p for p in tree_points(root, points, self.data.spec.write_tools) if p in snapshots]
+        root.info["tree"] = {"points": chosen, "env_steps": env_steps(root)}
+
+        async def grow(point: int, branch: int) -> Trajectory:
+            seed = zlib.crc32(repr(("tree", self.cfg.seed, spec.key, point, branch)).encode()) & 0x7FFFFFFF
+            state = snapshots[point]
+            traj = await self.continue_from(state, seed=seed)
+            traj.info["tree"] = {"point": point, "branch": branch,
+                                 "env_steps": env_steps(traj) - state.steps}
+            return traj
+
+        grown = await asyncio.gather(*(grow(p, b) for p in chosen for b in range(1, branches)))
+        return [root, *grown]
 
     async def replay(self, traj: Trajectory, message_index: int) -> EpisodeState:
         """Reset ``traj``'s episode and replay its recorded prefix up to the decision point that
@@ -446,6 +472,35 @@ class EpisodeRunner:
                 "wall_s": round(time.perf_counter() - state.started, 4),
             },
         )
+
+
+def _keep_first(snapshots: dict[int, EpisodeState], state: EpisodeState) -> None:
+    if state.message_index not in snapshots:
+        snapshots[state.message_index] = state.fork()
+
+
+def env_steps(traj: Trajectory) -> int:
+    """Actions the episode took (tool calls, replies, malformed turns): its environment steps."""
+    return sum(1 for t in traj.policy_turns() if t.executed)
+
+
+def tree_points(traj: Trajectory, points: str, write_tools: frozenset[str] | set[str]) -> list[int]:
+    """Message indices of the decision points to branch from: before each write that ran
+    (``writes``), before each decision whose first proposal the critic rejected (``flagged``),
+    or before every turn that ran (``all``)."""
+    turns = traj.policy_turns()
+    if points == "writes":
+        return [t.message_index for t in turns if t.executed and t.action and t.action["name"] in write_tools]
+    if points == "flagged":
+        out, previous_rejected = [], False
+        for t in turns:
+            if not t.executed and not previous_rejected:
+                out.append(t.message_index)
+            previous_rejected = not t.executed
+        return out
+    if points == "all":
+        return [t.message_index for t in turns if t.executed]
+    raise ValueError(f"tree points {points!r} is not allowed; choose writes, flagged or all")
 
 
 class ReplayDiverged(RuntimeError):

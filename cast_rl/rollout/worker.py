@@ -88,12 +88,25 @@ class RolloutWorker:
         self.runner = EpisodeRunner(cfg, data, self.engine, self._guard(verifier), policy_version=lambda: self.version)
         self._busy_s = 0.0
 
-    async def collect(self, units: list[tuple[str, int, int]]) -> list[Trajectory]:
-        """Run one episode per (split, task_index, trial); results in the order given."""
+    async def collect(self, units: list[tuple[str, int, int]],
+                      tree: tuple[int, str] | None = None) -> list[Trajectory]:
+        """Run one episode per (split, task_index, trial); results in the order given.
+
+        With ``tree = (branches, points)`` each unit is a tree rollout
+        (:meth:`~cast_rl.rollout.runner.EpisodeRunner.run_tree`): its root, then its continuations.
+        """
         t0 = time.perf_counter()
         specs = [EpisodeSpec(split, index, trial) for split, index, trial in units]
         try:
-            return await self.runner.run_many(specs)
+            if tree is None:
+                return await self.runner.run_many(specs)
+            limit = asyncio.Semaphore(max(1, self.cfg.rollout.episodes_in_flight // tree[0]))
+
+            async def one(spec: EpisodeSpec) -> list[Trajectory]:
+                async with limit:
+                    return await self.runner.run_tree(spec, *tree)
+
+            return [t for grown in await asyncio.gather(*(one(s) for s in specs)) for t in grown]
         finally:
             self._busy_s += time.perf_counter() - t0
 

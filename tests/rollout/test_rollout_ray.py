@@ -68,6 +68,26 @@ def test_two_workers_collect_every_unit_exactly_once(group_and_cfg, tiny_model_d
     assert metrics["rollout/episodes"] == len(units)
 
 
+def test_tree_collection_returns_each_root_then_its_continuations(group_and_cfg) -> None:  # noqa: ANN001
+    """Step-level GRPO's collection through the actors: every unit a tree, in unit order."""
+    group, cfg = group_and_cfg
+    data = load_domain_data("retail", cfg.env.data_dir)
+    units = episode_units(cfg, data)[:4]
+    trajectories = group.collect(units, chunk_size=2, tree=(2, "all"))
+    roots = [t for t in trajectories if "points" in t.info["tree"]]
+    assert [(t.split, t.task_index, t.trial) for t in roots] == units
+    position = 0
+    for root in roots:
+        points = root.info["tree"]["points"]
+        assert points == [t["message_index"] for t in root.turns if t["executed"]] and points
+        grown = trajectories[position + 1 : position + 1 + len(points)]
+        assert trajectories[position] is root and [g.info["tree"]["point"] for g in grown] == points
+        for g in grown:  # the prefix before the branch point is the root's, message for message
+            assert g.messages[: g.info["tree"]["point"]] == root.messages[: g.info["tree"]["point"]]
+        position += 1 + len(points)
+    assert position == len(trajectories)
+
+
 def test_weight_update_changes_greedy_output_and_is_versioned(group_and_cfg, tiny_model_dir: Path) -> None:  # noqa: ANN001
     import ray
     import torch
