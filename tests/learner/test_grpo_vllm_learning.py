@@ -29,8 +29,12 @@ STEPS = 14
 
 
 @pytest.mark.slow
-def test_grpo_raises_reward_through_vllm_rollout_workers(ray_local: Any, tmp_path: Path) -> None:
-    """run_training ends every actor it starts, so the session's Ray gets its CPUs back."""
+@pytest.mark.parametrize("samples", ["outcome_groups", "step_groups"])
+def test_grpo_raises_reward_through_vllm_rollout_workers(ray_local: Any, tmp_path: Path, samples: str) -> None:
+    """run_training ends every actor it starts, so the session's Ray gets its CPUs back.
+
+    ``step_groups``: one root episode per task, 7 continuations from the state before its first
+    turn (tree rollouts through the rollout worker): the same group size, built by branching."""
     from cast_rl.envs.toy import write_say_target
     from cast_rl.models.tiny import corpus_from_paths, make_tiny_model
     from launchers.train import run_training
@@ -42,7 +46,10 @@ def test_grpo_raises_reward_through_vllm_rollout_workers(ray_local: Any, tmp_pat
         "env.split=train", "env.max_steps=1",
         "inference.max_new_tokens=4", "inference.temperature=1.0",
         # 2 logical CPUs (the session's Ray): one rollout worker, two half-CPU learner ranks
-        "rollout.num_workers=1", "rollout.num_cpus_per_worker=1", "rollout.trials_per_task=8",
+        "rollout.num_workers=1", "rollout.num_cpus_per_worker=1",
+        *(["rollout.trials_per_task=8"] if samples == "outcome_groups" else
+          ["rollout.trials_per_task=1", "algorithm.samples=[step_groups]", "algorithm.tree_branches=8",
+           "algorithm.tree_points=all", "algorithm.tasks_per_step=4"]),
         "learner.num_workers=2", "learner.num_cpus_per_worker=0.5", "learner.global_batch_size=32",
         "learner.micro_batch_size=8", "learner.lr=1e-2", "learner.checkpoint_every=0",
         "learner.max_restarts=0", f"algorithm.steps={STEPS}", "algorithm.kl_coef=0",
