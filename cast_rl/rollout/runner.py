@@ -209,25 +209,27 @@ class EpisodeRunner:
         branch.started = time.perf_counter()
         if seed is not None:
             branch.sampling = replace(branch.sampling, seed=seed)
-        if action is None:
-            await self._advance(branch, on_decision)
-            return self._record(branch)
-        if len(branch.conv) + len(self._substitute_ids(branch.conv, action)) > self.cfg.inference.max_model_len:
-            branch.termination = "context_overflow"
+        if action is not None and await self._substitute(branch, action):  # it ended the episode
+            branch.conv.finish()
         else:
-            ids = self._substitute_ids(branch.conv, action)
-            message, _ = branch.conv.add_policy_turn(Completion(text="", token_ids=ids, logprobs=[0.0] * len(ids)))
-            start, end = branch.conv.last_span
-            branch.conv.loss_mask[start:end] = [0] * (end - start)  # not the policy's sample
-            branch.conv.policy_tokens -= end - start
-            branch.turns.append(PolicyTurn(len(branch.conv.messages) - 1, start, end, action.to_json(), substituted=True))
-            self._note_revision(branch, action)
-            branch.round_index = 0
-            if not await self._guarded(branch, self._take(branch, action, message)):
-                await self._advance(branch, on_decision)
-                return self._record(branch)
-        branch.conv.finish()
+            await self._advance(branch, on_decision)
         return self._record(branch)
+
+    async def _substitute(self, state: EpisodeState, action: Action) -> bool:
+        """Put ``action`` in the policy's place at ``state``'s decision point and run it
+        unchecked; True when that ended the episode."""
+        ids = self._substitute_ids(state.conv, action)
+        if len(state.conv) + len(ids) > self.cfg.inference.max_model_len:
+            state.termination = "context_overflow"
+            return True
+        message, _ = state.conv.add_policy_turn(Completion(text="", token_ids=ids, logprobs=[0.0] * len(ids)))
+        start, end = state.conv.last_span
+        state.conv.loss_mask[start:end] = [0] * (end - start)  # not the policy's sample
+        state.conv.policy_tokens -= end - start
+        state.turns.append(PolicyTurn(len(state.conv.messages) - 1, start, end, action.to_json(), substituted=True))
+        self._note_revision(state, action)
+        state.round_index = 0
+        return await self._guarded(state, self._take(state, action, message))
 
     async def run_tree(self, spec: EpisodeSpec, branches: int, points: str) -> list[Trajectory]:
         """An episode and ``branches - 1`` more continuations from each of its decision points
