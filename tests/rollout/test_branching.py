@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from pathlib import Path
 
 import pytest
 
-from cast_rl.config import load_config
 from cast_rl.critique.verifier import RuleVerifier
-from cast_rl.envs.core import load_domain_data
-from cast_rl.envs.generate import write_retail
 from cast_rl.envs.types import Action
 from cast_rl.rollout.noisy_expert import NoisyExpertEngine
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec, EpisodeState, ReplayDiverged
@@ -28,13 +24,8 @@ SPEC = EpisodeSpec("train", 0, 0)
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path):  # noqa: ANN201
-    from transformers import AutoTokenizer
-
-    out = tmp_path_factory.mktemp("branch") / "retail"
-    write_retail(out, seed=5, num_tasks=4, kinds=("cancel",), compact=True)
-    cfg = load_config(None, [f"env.data_dir={out}", "env.split=train", "env.max_steps=12"])
-    return cfg, load_domain_data("retail", out), AutoTokenizer.from_pretrained(tiny_model_dir)
+def setup(compact_cancel):  # noqa: ANN001, ANN201
+    return compact_cancel(5, 4)
 
 
 def _runner(setup, error: str | None, critic: bool) -> EpisodeRunner:  # noqa: ANN001

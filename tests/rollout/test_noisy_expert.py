@@ -11,27 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from pathlib import Path
 
 import pytest
 
 from cast_rl.config import load_config
 from cast_rl.critique.verifier import RuleVerifier
-from cast_rl.envs.core import load_domain_data
-from cast_rl.envs.generate import write_retail
 from cast_rl.learner.critique_samples import build_samples, distill_cut
 from cast_rl.rollout.noisy_expert import ERROR_KINDS, NoisyExpertEngine, draw_error
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path):  # noqa: ANN201
-    from transformers import AutoTokenizer
-
-    out = tmp_path_factory.mktemp("cancel") / "retail"
-    write_retail(out, seed=3, num_tasks=10, kinds=("cancel",), compact=True)
-    cfg = load_config(None, [f"env.data_dir={out}", "env.split=train", "env.max_steps=12"])
-    return cfg, load_domain_data("retail", out), AutoTokenizer.from_pretrained(tiny_model_dir)
+def setup(compact_cancel):  # noqa: ANN001, ANN201
+    return compact_cancel(3, 10)
 
 
 def _episode(setup, task: int, error: str | None, critic: bool):  # noqa: ANN001, ANN202
