@@ -11,6 +11,7 @@ from typing import Any
 import ray
 
 from cast_rl.config.schema import CastConfig, CriticConfig
+from cast_rl.critique.blame import BlameRecord
 from cast_rl.rollout.trajectory import Trajectory
 
 
@@ -36,7 +37,7 @@ class RolloutWorkerActor:
         return await self.worker.collect(units, tree)
 
     async def blame(self, trajectories: dict[int, Trajectory], labels: list[dict[str, Any]], k: int,
-                    seed: int) -> list[dict[str, Any]]:
+                    seed: int) -> list[BlameRecord]:
         return await self.worker.blame(trajectories, labels, k, seed)
 
     async def update_weights(self, version: int, state: dict[str, Any], checksum: str) -> int:

@@ -38,6 +38,7 @@ from cast_rl.inference.weight_sync import state_checksum
 from cast_rl.learner import checkpoint
 from cast_rl.learner.critique_samples import build_samples, zero_variance_groups
 from cast_rl.learner.sample import Sample
+from cast_rl.rollout.runner import env_steps
 from cast_rl.rollout.trajectory import Trajectory
 from cast_rl.telemetry.metrics import MetricsLogger
 
@@ -157,9 +158,7 @@ def collection_metrics(trajs: list[Trajectory]) -> dict[str, float]:
 
 def _env_steps(traj: Trajectory) -> int:
     tree = traj.info.get("tree")
-    if tree:
-        return int(tree["env_steps"])
-    return sum(1 for t in traj.policy_turns() if t.executed) if traj.turns else 0
+    return int(tree["env_steps"]) if tree else env_steps(traj)
 
 
 def _newer(version: list[int], than: int, stop: threading.Event) -> bool:

@@ -211,12 +211,11 @@ def _verified_blame(ctx: PipelineContext, out: Path, labels: list[dict[str, Any]
                     trajectories: list[Trajectory]) -> dict[str, float]:
     """Verified blame of the collected policy's failures (``pipeline.blame_k`` continuations per
     invalid label, no critic in the loop): ``blame.jsonl`` and ``blame/`` metrics."""
-    from cast_rl.critique.blame import BlameRecord, blame_metrics, count_failed, write_blame
+    from cast_rl.critique.blame import blame_metrics, count_failed, write_blame
 
     group = ctx.rollout_group()
     group.set_verification_budget(0)
-    rows = group.blame(trajectories, labels, ctx.cfg.pipeline.blame_k, ctx.cfg.seed)
-    records = [BlameRecord(**{k: v for k, v in row.items() if k != "confirmed"}) for row in rows]
+    records = group.blame(trajectories, labels, ctx.cfg.pipeline.blame_k, ctx.cfg.seed)
     write_blame(out / "blame.jsonl", records)
     return blame_metrics(records, count_failed(trajectories))
 

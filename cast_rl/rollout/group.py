@@ -18,6 +18,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from cast_rl.config.schema import CastConfig, CriticConfig
+from cast_rl.critique.blame import BlameRecord
 from cast_rl.rollout.trajectory import Trajectory
 from cast_rl.rollout.worker import merge_worker_metrics
 
@@ -121,7 +122,7 @@ class RolloutGroup:
                 time.sleep(1.0)  # Ray is still restarting the actor: back off, then ask again
 
     def blame(self, trajectories: list[Trajectory], labels: list[dict[str, Any]], k: int,
-              seed: int) -> list[dict[str, Any]]:
+              seed: int) -> list[BlameRecord]:
         """Verified blame of a labelled file's failed trajectories, shared out over the workers
         (trajectory by trajectory); records sorted by (trajectory_index, message_index)."""
         from cast_rl.eval.passk import is_success
@@ -136,7 +137,7 @@ class RolloutGroup:
                     {i: trajectories[i] for i in share}, [lab for lab in labels if lab["trajectory_index"] in keep],
                     k, seed))
         records = [r for part in ray.get(refs) for r in part]
-        return sorted(records, key=lambda r: (r["trajectory_index"], r["message_index"]))
+        return sorted(records, key=lambda r: (r.trajectory_index, r.message_index))
 
     def update_weights(self, version: int, state_ref: Any, checksum: str) -> list[int]:
         """Every worker loads the published weights (one object-store put, many readers), or,

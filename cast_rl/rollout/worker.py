@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cast_rl.config.schema import CastConfig, CriticConfig
+from cast_rl.critique.blame import BlameRecord, verify_blame
 from cast_rl.envs.core import DomainData
 from cast_rl.inference.base import Completion, InferenceEngine, Sampling
 from cast_rl.inference.weight_sync import WeightSyncError, state_checksum
@@ -111,17 +112,14 @@ class RolloutWorker:
             self._busy_s += time.perf_counter() - t0
 
     async def blame(self, trajectories: dict[int, Trajectory], labels: list[dict[str, Any]], k: int,
-                    seed: int) -> list[dict[str, Any]]:
+                    seed: int) -> list[BlameRecord]:
         """Verified blame (:func:`cast_rl.critique.blame.verify_blame`) of these trajectories'
-        labels, continuing with this worker's policy and critic settings; records as dicts."""
-        from cast_rl.critique.blame import verify_blame
-
+        labels, continuing with this worker's policy and critic settings."""
         t0 = time.perf_counter()
         try:
-            records = await verify_blame(self.runner.data, trajectories, labels, lambda _: self.runner, k, seed)
+            return await verify_blame(self.runner.data, trajectories, labels, lambda _: self.runner, k, seed)
         finally:
             self._busy_s += time.perf_counter() - t0
-        return [r.to_json() for r in records]
 
     async def update_weights(self, version: int, state: dict[str, Any], checksum: str) -> int:
         """Load new weights in place; refuses stale versions and corrupted payloads."""
