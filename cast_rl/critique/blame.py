@@ -32,10 +32,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from cast_rl.critique.context import Visible
+from cast_rl.critique.gold import action_ref
+from cast_rl.critique.rules import get_rules
+from cast_rl.critique.rules.base import Ctx
+from cast_rl.critique.rules.confirmation import check_confirmation
 from cast_rl.envs.core import DomainData
 from cast_rl.envs.types import RESPOND, Action
 from cast_rl.eval.passk import is_success
-from cast_rl.rollout.expert import confirmation_text, is_affirmative
+from cast_rl.rollout.expert import confirmation_text
 from cast_rl.rollout.trajectory import Trajectory
 
 
@@ -66,8 +71,8 @@ def privileged_correction(data: DomainData, traj: Trajectory, message_index: int
     """The action that should have been taken at ``messages[message_index]``, from the gold plan.
 
     Gold tool calls the prefix already ran without an error count as done, in order; the next
-    one is the correction, or, when it is a write and the user's last message is not a yes to a
-    proposal naming it, the confirmation question for it.  None when the prefix did every gold
+    one is the correction, or, when it is a write the labeller's confirmation rule would flag
+    there, the confirmation question for it.  None when the prefix did every gold
     call (the action was an extra one: nothing to put in its place).
     """
     task = data.task(traj.split, traj.task_index)
@@ -84,7 +89,7 @@ def privileged_correction(data: DomainData, traj: Trajectory, message_index: int
     if done >= len(gold):
         return None
     step = gold[done]
-    if step.name in data.spec.write_tools and not _confirmed(traj.messages[:message_index], step):
+    if step.name in data.spec.write_tools and not _confirmed(data, traj.messages[:message_index], step):
         return Action(RESPOND, {"content": confirmation_text(step.name, step.kwargs)})
     return Action(step.name, dict(step.kwargs))
 
@@ -94,15 +99,11 @@ def _reply(traj: Trajectory, index: int) -> str | None:
     return following.get("content") if following and following["role"] == "tool" else None
 
 
-def _confirmed(messages: list[dict[str, Any]], step: Action) -> bool:
-    """The user's last message says yes to an assistant proposal that names ``step``'s tool and
-    every argument value."""
-    users = [i for i, m in enumerate(messages) if m["role"] == "user" and m.get("name") != "critic"]
-    if not users or not is_affirmative(messages[users[-1]].get("content") or ""):
-        return False
-    asked = next((m for m in reversed(messages[: users[-1]]) if m["role"] == "assistant"), None)
-    text = (asked or {}).get("content") or ""
-    return step.name in text and all(json.dumps(v, ensure_ascii=False) in text for v in step.kwargs.values())
+def _confirmed(data: DomainData, messages: list[dict[str, Any]], step: Action) -> bool:
+    """Whether ``step`` (a write) would pass the labeller's confirmation rule after ``messages``:
+    the user's last message is an explicit yes to a proposal that named its details."""
+    visible = Visible(data.policy, messages, data.tools)
+    return not check_confirmation(Ctx(action_ref(step), visible, get_rules(data.spec.name), {}))
 
 
 def branch_seed(seed: int, key: tuple[Any, ...], branch: int) -> int:
