@@ -212,7 +212,7 @@ class BroadcastTicket:
     """What :meth:`LearnerGroup.publish_weights` hands the collector under
     ``rollout.weight_sync=collective``: the version, and the learner end that sends it.
 
-    :meth:`deliver` (called by :meth:`cast_rl.rollout.group.RolloutGroup.update_weights`) forms
+    :meth:`deliver` (called by :meth:`actors.rollout_group.RolloutGroup.update_weights`) forms
     the learner-to-engines group when its members changed (first sync, a new learner group, a
     restarted rollout worker), then broadcasts while every engine receives, and checks that
     every engine got what was sent.

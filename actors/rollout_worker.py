@@ -10,23 +10,25 @@ from typing import Any
 
 import ray
 
+from actors.critic_service import critic_client
 from cast_rl.config.schema import CastConfig, CriticConfig
 from cast_rl.critique.blame import BlameRecord
+from cast_rl.envs.setup import load_env_data
+from cast_rl.envs.users import user_engine
+from cast_rl.inference import build_engine
+from cast_rl.rollout import weights
 from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.rollout.verifiers import build_verifier
+from cast_rl.rollout.worker import RolloutWorker
 
 
 @ray.remote
 class RolloutWorkerActor:
     def __init__(self, cfg: CastConfig, worker_index: int) -> None:
-        from cast_rl.envs.setup import load_env_data
-        from cast_rl.envs.users import user_engine
-        from cast_rl.inference import build_engine
-        from cast_rl.rollout.verifiers import build_verifier
-        from cast_rl.rollout.worker import RolloutWorker
-
         engine = build_engine(cfg.policy.path, cfg.inference, seed=cfg.seed + worker_index, dtype=cfg.policy.dtype)
         data = load_env_data(cfg)
-        self.worker = RolloutWorker(cfg, data, engine, build_verifier(cfg, data), worker_index=worker_index)
+        verifier = build_verifier(cfg, data, connect=critic_client)
+        self.worker = RolloutWorker(cfg, data, engine, verifier, worker_index=worker_index, connect_critic=critic_client)
         # user.type=llm on user.inference.backend=vllm: the user model's own engine, in this actor
         self.user_engine, self.worker.runner.user_complete = user_engine(cfg.user, seed=cfg.seed + worker_index)
 
@@ -45,18 +47,12 @@ class RolloutWorkerActor:
 
     async def join_weight_sync(self, addr: str, port: int, rank_offset: int, world_size: int, backend: str,
                                timeout_s: float, key: str) -> list[int]:
-        from cast_rl.rollout import weights
-
         return await weights.join(self.worker, addr, port, rank_offset, world_size, backend, timeout_s, key)
 
     def weight_sync_key(self) -> str:
-        from cast_rl.rollout import weights
-
         return weights.joined(self.worker)
 
     async def receive_weights(self, version: int, meta: Any) -> tuple[int, str]:
-        from cast_rl.rollout import weights
-
         return await weights.receive(self.worker, version, meta)
 
     def last_sync_s(self) -> dict[str, float]:
@@ -65,8 +61,6 @@ class RolloutWorkerActor:
         return dict(getattr(self.worker, "last_sync_s", {}))
 
     async def greedy_answer(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-        from cast_rl.rollout import weights
-
         return await weights.greedy_answer(self.worker, prompt_ids, max_new_tokens)
 
     def set_verification_budget(self, budget: int) -> int:

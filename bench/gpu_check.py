@@ -35,11 +35,11 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     from actors.learner import LearnerGroup
+    from actors.rollout_group import RolloutGroup
     from cast_rl.config import load_config
     from cast_rl.envs.generate import write_retail
     from cast_rl.learner.sample import Sample
     from cast_rl.models.tiny import make_tiny_model
-    from cast_rl.rollout.group import RolloutGroup
 
     gpus = torch.cuda.device_count()
     tmp = Path(tempfile.mkdtemp(prefix="cast-gpu-check-"))

@@ -79,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from actors.learner import LearnerGroup
+    from actors.rollout_group import RolloutGroup
     from cast_rl.config import load_config
     from cast_rl.envs.generate import write_retail
     from cast_rl.models.tiny import TinyModelSpec, make_tiny_model
-    from cast_rl.rollout.group import RolloutGroup
 
     tmp = Path(tempfile.mkdtemp(prefix="cast-weight-sync-"))
     spec = TinyModelSpec(hidden_size=args.hidden, intermediate_size=args.intermediate, num_layers=args.layers,

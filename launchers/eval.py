@@ -117,8 +117,8 @@ def _collect_domain(
     """Run every configuration on one domain through one rollout group (``group`` if given)."""
     from tqdm import tqdm
 
+    from actors.rollout_group import RolloutGroup
     from cast_rl.envs.setup import episode_units
-    from cast_rl.rollout.group import RolloutGroup
 
     splits = cfg.eval.splits or [cfg.env.split]
     units = [u for s in splits for u in episode_units(replace(cfg, env=replace(cfg.env, split=s)), data, trials=n)]

@@ -5,7 +5,7 @@
     ray job submit --address http://HEAD:8265 --working-dir . -- \\
         python -m launchers.pipeline configs/paper/qwen3_4b_1x8gpu.yaml cluster.address=auto
 
-Stages (``pipeline.stages``; see :mod:`cast_rl.pipeline.stages`) write under ``run_dir``; a stage
+Stages (``pipeline.stages``; see :mod:`launchers.stages`) write under ``run_dir``; a stage
 with a ``DONE.json`` is skipped, so rerunning the command resumes a stopped run.  Each stage is its
 own W&B run, all in one group (``logging.group``, default the run directory's name).  The last
 lines printed say where the report, plots and W&B runs are.
@@ -21,27 +21,27 @@ import time
 from pathlib import Path
 from typing import Any
 
+from actors.rollout_group import RolloutGroup
 from cast_rl.config import ConfigError
 from cast_rl.config.args import add_config_arguments, parse_config
 from cast_rl.config.schema import PIPELINE_STAGES, CastConfig
+from cast_rl.envs.setup import load_env_data
+from cast_rl.models.setup import ensure_policy_model
+from cast_rl.pipeline.context import PipelineContext
+from cast_rl.pipeline.report import headline, write_pipeline_report
+from launchers.cluster import init_ray
+from launchers.stages import STAGES
 
 logger = logging.getLogger(__name__)
 
 
 def run_pipeline(cfg: CastConfig) -> dict[str, Any]:
     """Run every configured stage in order; returns the stage summaries and report paths."""
-    from cast_rl.envs.setup import load_env_data
-    from cast_rl.models.setup import ensure_policy_model
-    from cast_rl.pipeline.context import PipelineContext
-    from cast_rl.pipeline.report import headline, write_pipeline_report
-    from cast_rl.pipeline.stages import STAGES
-    from launchers.cluster import init_ray
-
     t0 = time.perf_counter()
     data = load_env_data(cfg)
     ensure_policy_model(cfg, data)
     init_ray(cfg, parts=actor_parts(cfg))
-    ctx = PipelineContext(cfg, data)
+    ctx = PipelineContext(cfg, data, make_group=RolloutGroup)
     summaries: dict[str, Any] = {}
     try:
         for stage in PIPELINE_STAGES:

@@ -22,9 +22,9 @@ def run_rollout(cfg: CastConfig, out: str | Path, units: list | None = None) -> 
     """Collect every selected (task, trial) once; write them as JSON Lines; return a summary."""
     from tqdm import tqdm
 
+    from actors.rollout_group import RolloutGroup
     from cast_rl.envs.setup import episode_units, load_env_data
     from cast_rl.models.setup import ensure_policy_model
-    from cast_rl.rollout.group import RolloutGroup
     from cast_rl.telemetry import MetricsLogger
     from launchers.cluster import init_ray
 

@@ -48,18 +48,18 @@ def _created(options: list[dict[str, Any]]) -> dict[str, Any]:
 @pytest.mark.parametrize("name", ["qwen3_8b_4x8gpu.yaml", "qwen3_4b_1x8gpu.yaml"])
 def test_actors_request_what_the_resource_check_counts(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import actors.learner
+    import actors.rollout_group
     import actors.rollout_worker
-    import cast_rl.rollout.group
     from actors.critic_service import _resources
     from actors.learner import LearnerGroup
-    from cast_rl.rollout.group import RolloutGroup
+    from actors.rollout_group import RolloutGroup
 
     cfg = load_config(REPO / "configs" / "paper" / name,
                       ["rollout.ray_resources={rollout_node: 1}", "learner.ray_resources={learner_node: 1}"])
     rollout, learner = _Recorder(), _Recorder()
     monkeypatch.setattr(actors.rollout_worker, "RolloutWorkerActor", rollout)
     monkeypatch.setattr(actors.learner, "LearnerWorkerActor", learner)
-    monkeypatch.setattr(cast_rl.rollout.group.ray, "get", lambda refs, **_: refs)
+    monkeypatch.setattr(actors.rollout_group.ray, "get", lambda refs, **_: refs)
     monkeypatch.setattr(actors.learner.ray, "get", lambda refs, **_: ("127.0.0.1", 1) if not isinstance(refs, list)
                         else [0] * len(refs))
     RolloutGroup(cfg)

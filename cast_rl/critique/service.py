@@ -7,16 +7,13 @@
 pipeline trained, whose directory the pipeline puts in ``critic.model.path``).  It counts what it
 answered, unparsable answers apart, and says which critic it serves (:meth:`CriticService.describe`).
 
-:class:`CriticServiceClient` is what rollout workers hold: a :class:`Verifier` that sends each
-batch to one of the service actors (round robin) and, when an actor dies or is unavailable,
-retries on the next one (re-creating the dead one when it can), at most ``critic.max_retries``
-times before giving up with :class:`CriticUnavailable`.  A request that takes longer than
-``critic.timeout_s`` (a hung actor) counts as such a failure.
+:class:`CriticUnavailable` is what a verifier raises when no critic answers; the rollout runner
+turns it into an observation.  The client that reaches the service actors, with retries and
+fail-over, is :class:`actors.critic_service.CriticServiceClient` (it holds Ray actor handles).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -127,99 +124,6 @@ class CriticService:
         n = self.counts["requests"]
         out["critic/unparsable_rate"] = self.counts["unparsable"] / n if n else 0.0
         return out
-
-
-def _ray_errors() -> tuple[type[BaseException], ...]:
-    try:
-        from ray.exceptions import ActorUnavailableError, RayActorError
-    except ImportError:  # pragma: no cover - ray is a hard dependency
-        return ()
-    return (RayActorError, ActorUnavailableError)
-
-
-class CriticServiceClient:
-    """A :class:`Verifier` over critic service actors, with retry and fail-over.
-
-    ``handles`` are actor handles with a ``critique`` method; ``respawn(i)`` (optional) returns
-    a fresh handle for slot ``i`` after its actor died.  ``timeout_s`` (None: wait forever)
-    bounds each attempt; a timed-out attempt is retried like a dead actor, and its slot is not
-    respawned (the actor may only be slow).
-    """
-
-    def __init__(
-        self,
-        handles: list[Any],
-        max_retries: int = 3,
-        respawn: Callable[[int], Any] | None = None,
-        retry_on: tuple[type[BaseException], ...] | None = None,
-        timeout_s: float | None = None,
-    ) -> None:
-        if not handles:
-            raise ValueError("CriticServiceClient needs at least one critic actor handle")
-        self.handles = list(handles)
-        self.max_retries = max_retries
-        self.respawn = respawn
-        self.retry_on = retry_on if retry_on is not None else _ray_errors()
-        self.timeout_s = timeout_s
-        self.failures = 0
-        self.timeouts = 0
-        self._next = 0
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> CriticServiceClient:
-        """Join (or start) the ``critic.num_replicas`` named critic actors of a run."""
-        from actors.critic_service import critic_actor
-
-        critic: CriticConfig = cfg.critic
-        handles = [critic_actor(cfg, i) for i in range(critic.num_replicas)]
-        return cls(handles, critic.max_retries, respawn=lambda i: critic_actor(cfg, i),
-                   timeout_s=critic.timeout_s)
-
-    async def verify(self, requests: list[VerifyRequest]) -> list[Critique]:
-        attempt = 0
-        while True:
-            slot = self._next % len(self.handles)
-            self._next += 1
-            try:
-                result = await asyncio.wait_for(
-                    _awaitable(self.handles[slot].critique.remote(requests)), self.timeout_s
-                )
-                return [c if isinstance(c, Critique) else Critique(**c) for c in result]
-            except (asyncio.TimeoutError, *self.retry_on) as exc:
-                timed_out = isinstance(exc, asyncio.TimeoutError)
-                self.timeouts += timed_out
-                why = f"no answer within critic.timeout_s={self.timeout_s}s" if timed_out else str(exc)
-                self.failures += 1
-                attempt += 1
-                if attempt > self.max_retries:
-                    raise CriticUnavailable(
-                        f"critic service failed {attempt} times (critic.max_retries="
-                        f"{self.max_retries}); last error: {why}"
-                    ) from exc
-                logger.warning("critic actor %d failed (%s); retry %d of %d", slot, why, attempt,
-                               self.max_retries)
-                if self.respawn is not None and not timed_out:
-                    try:
-                        self.handles[slot] = self.respawn(slot)
-                    except Exception as respawn_exc:  # keep failing over to the others
-                        logger.warning("could not restart critic actor %d: %s", slot, respawn_exc)
-
-
-    async def close(self) -> None:
-        """Close the critic actors' engines and end the actors (when the run switches critic)."""
-        import ray
-
-        for handle in self.handles:
-            try:
-                await asyncio.wait_for(_awaitable(handle.close.remote()), 60)
-                ray.kill(handle)
-            except (asyncio.TimeoutError, *self.retry_on) as exc:  # already gone, or another worker closed it
-                logger.info("critic actor was not closed cleanly: %s", exc)
-
-
-async def _awaitable(ref: Any) -> Any:
-    """Await an ObjectRef (or any awaitable) as a coroutine, so ``wait_for`` can cancel it."""
-    return await ref
 
 
 def critique_dicts(critiques: list[Critique]) -> list[dict[str, Any]]:

@@ -18,6 +18,10 @@ time, without gaps or reversals, across any number of restarts.
 
 Async mode is not supervised (its loop closes the replay buffer when it stops); a failure there
 ends the run as before.
+
+The supervisor knows nothing of Ray: it is given the errors that mean "an actor died"
+(``failures``) and a probe that names the learner workers that are down (``find_down``);
+:func:`actors.supervision.ray_supervisor` passes Ray's.
 """
 
 from __future__ import annotations
@@ -31,13 +35,6 @@ from cast_rl.learner import checkpoint
 from cast_rl.learner.loop import LoopState, TrainLoop
 
 logger = logging.getLogger(__name__)
-
-
-def actor_failures() -> tuple[type[BaseException], ...]:
-    """Errors Ray raises for a call to an actor that died or is restarting."""
-    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
-
-    return (RayActorError, ActorDiedError, ActorUnavailableError)
 
 
 class MonotoneCollector:
@@ -74,33 +71,19 @@ class MonotoneCollector:
         return getattr(self.collector, name)
 
 
-def unresponsive_workers(learner: Any, timeout_s: float = 30.0) -> list[int]:
-    """Indices of the learner's workers that are dead or do not answer within ``timeout_s``."""
-    import ray
-    from ray.exceptions import GetTimeoutError
-
-    down, pending = [], {}
-    for i, w in enumerate(getattr(learner, "workers", [])):
-        try:
-            pending[i] = w.address.remote()
-        except actor_failures():
-            down.append(i)
-    deadline = time.monotonic() + timeout_s
-    for i, ref in pending.items():
-        try:
-            ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
-        except (*actor_failures(), GetTimeoutError):
-            down.append(i)
-    return sorted(down)
-
-
 class Supervisor:
     """Runs a sync :class:`TrainLoop`, healing it after actor deaths (see the module doc)."""
 
     def __init__(self, loop: TrainLoop, make_learner: Callable[[], Any], max_restarts: int,
+                 failures: tuple[type[BaseException], ...],
+                 find_down: Callable[[Any], list[int]],
                  wait_s: float = 600.0) -> None:
         self.loop = loop
         self.make_learner = make_learner
+        self.failures_to_heal = failures
+        """Errors that mean an actor died or is restarting (Ray's, for Ray actors)."""
+        self.find_down = find_down
+        """``find_down(learner)``: indices of the learner's workers that are dead or silent."""
         self.max_restarts = max_restarts
         self.wait_s = wait_s
         """How long a resume waits for a restarting actor (the replay buffer) to answer."""
@@ -117,8 +100,8 @@ class Supervisor:
             try:
                 return self.loop.run(steps)
             except Exception as exc:
-                down = unresponsive_workers(self.loop.learner)
-                if not (down or isinstance(exc, actor_failures())) or self.restarts >= self.max_restarts:
+                down = self.find_down(self.loop.learner)
+                if not (down or isinstance(exc, self.failures_to_heal)) or self.restarts >= self.max_restarts:
                     raise
                 self.restarts += 1
                 failed_at = self.loop.state.step
@@ -145,7 +128,7 @@ class Supervisor:
                     loop.buffer.rewind(0)
                     loop.sync()
                 break
-            except actor_failures():
+            except self.failures_to_heal:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(1.0)  # an actor Ray restarts (the replay buffer) is not up yet: back off

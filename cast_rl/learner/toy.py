@@ -77,10 +77,12 @@ class HFCollector:
 
     def update_weights(self, version: int, weights: Any, checksum: str) -> int:
         """Load published weights after checking version and checksum; loud on any mismatch."""
-        if not isinstance(weights, dict):  # an ObjectRef handed to an in-process collector
-            import ray
-
-            weights = ray.get(weights)
+        if not isinstance(weights, dict):
+            raise TypeError(
+                f"HFCollector.update_weights got a {type(weights).__name__}, not a state dict: a Ray "
+                "learner group publishes an object reference, which Ray resolves only for a collector "
+                "running as an actor (launchers.train.HFCollectorClient)"
+            )
         if version <= self.version:
             raise WeightSyncError(f"weights version {version} is not newer than {self.version}")
         got = state_checksum(weights)

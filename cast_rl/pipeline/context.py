@@ -18,14 +18,35 @@ import dataclasses
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from cast_rl.config import ConfigError, to_dict
 from cast_rl.config.schema import PIPELINE_STAGES, CastConfig, CriticConfig
+from cast_rl.critique.service import critic_description
 from cast_rl.envs.core import DomainData
+from cast_rl.rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
+
+
+class Collector(Protocol):
+    """What the stages need of a rollout group (``actors.rollout_group.RolloutGroup``)."""
+
+    critic: CriticConfig
+
+    def collect(self, units: list[tuple[str, int, int]], **kwargs: Any) -> list[Trajectory]: ...
+
+    def set_critic(self, critic: CriticConfig) -> str: ...
+
+    def set_verification_budget(self, budget: int) -> None: ...
+
+    def update_weights(self, version: int, state_ref: Any, checksum: str) -> Any: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+    def shutdown(self) -> None: ...
 
 
 def stage_dir(cfg: CastConfig, stage: str) -> Path:
@@ -69,15 +90,18 @@ def check_trained_critic(cfg: CastConfig) -> None:
 class PipelineContext:
     """Directories, data, the current policy and the shared rollout group of one pipeline run."""
 
-    def __init__(self, cfg: CastConfig, data: DomainData) -> None:
+    def __init__(self, cfg: CastConfig, data: DomainData,
+                 make_group: Callable[[CastConfig], Collector]) -> None:
         self.cfg = cfg
+        self.make_group = make_group
+        """Starts the shared rollout group for a config (the launcher passes ``RolloutGroup``)."""
         self.data = data
         self.root = Path(cfg.run_dir)
         self.root.mkdir(parents=True, exist_ok=True)
         self.policy_path = Path(cfg.policy.path)
         """The policy the next stage starts from (the warm-start and optimise stages move it)."""
         self.policy_version = 0
-        self._group: Any = None
+        self._group: Collector | None = None
         self.group_name = cfg.logging.group or self.root.name
         check_trained_critic(cfg)
         (self.root / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
@@ -124,17 +148,13 @@ class PipelineContext:
         indices = list(range(min(pipe.train_tasks, n))) if pipe.train_tasks else []
         return dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, split=pipe.train_split, task_indices=indices))
 
-    def rollout_group(self) -> Any:
+    def rollout_group(self) -> Collector:
         """The shared rollout group, started on first use with the current policy, consulting
         the current critic (:meth:`critic_config`)."""
         if self._group is None:
-            from cast_rl.rollout.group import RolloutGroup
-
-            self._group = RolloutGroup(self.with_policy())
+            self._group = self.make_group(self.with_policy())
         critic = self.with_policy().critic
         if self._group.critic != critic:
-            from cast_rl.critique.service import critic_description
-
             logger.info("rollout group: critic is now %s", critic_description(critic))
             self._group.set_critic(critic)
         return self._group

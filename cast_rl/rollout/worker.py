@@ -17,11 +17,14 @@ from typing import Any
 
 from cast_rl.config.schema import CastConfig, CriticConfig
 from cast_rl.critique.blame import BlameRecord, verify_blame
+from cast_rl.critique.service import critic_description
+from cast_rl.critique.verifier import GuardedVerifier
 from cast_rl.envs.core import DomainData
 from cast_rl.inference.base import Completion, InferenceEngine, Sampling
 from cast_rl.inference.weight_sync import WeightSyncError, state_checksum
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.rollout.verifiers import ConnectCritic, build_verifier
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +80,11 @@ class RolloutWorker:
         engine: InferenceEngine,
         verifier: Any = None,
         worker_index: int = 0,
+        connect_critic: ConnectCritic | None = None,
     ) -> None:
         self.cfg = cfg
+        self.connect_critic = connect_critic
+        """How a later critic switch reaches the critic-service actors (see :func:`build_verifier`)."""
         self.worker_index = worker_index
         self.engine = PausableEngine(engine)
         self.version = 0
@@ -178,9 +184,7 @@ class RolloutWorker:
             raise ValueError(f"verification budget {budget} must be >= 0")
         self.cfg = replace(self.cfg, critic=replace(self.cfg.critic, verification_budget=budget))
         if budget > 0 and self.runner.verifier is None:
-            from cast_rl.rollout.verifiers import build_verifier
-
-            self.runner.verifier = self._guard(build_verifier(self.cfg, self.runner.data))
+            self.runner.verifier = self._guard(build_verifier(self.cfg, self.runner.data, self.connect_critic))
         self.runner.cfg = self.cfg
         self.runner.budget = budget
 
@@ -197,13 +201,9 @@ class RolloutWorker:
                 await old.close()
             self.cfg = replace(self.cfg, critic=critic)
             self.set_verification_budget(critic.verification_budget)
-        from cast_rl.critique.service import critic_description
-
         return critic_description(critic)
 
     def _guard(self, verifier: Any) -> Any:
-        from cast_rl.critique.verifier import GuardedVerifier
-
         if verifier is None or isinstance(verifier, GuardedVerifier):
             return verifier
         return GuardedVerifier(verifier, self.cfg.critic.on_unparsable, self.critic_counts)

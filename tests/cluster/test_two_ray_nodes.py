@@ -43,7 +43,7 @@ from ray.util.state import list_actors
 from actors.learner import LearnerGroup
 from cast_rl.config import load_config
 from cast_rl.learner.sample import Sample
-from cast_rl.rollout.group import RolloutGroup
+from actors.rollout_group import RolloutGroup
 from launchers.cluster import init_ray
 
 cfg = load_config(None, sys.argv[2:])

@@ -7,17 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from actors.critic_service import CriticServiceClient
 from cast_rl.config.schema import CriticConfig
 from cast_rl.critique.context import iter_actions
 from cast_rl.critique.datasets import request_for
 from cast_rl.critique.gold import gold_trajectory
 from cast_rl.critique.inject import inject
-from cast_rl.critique.service import (
-    CriticService,
-    CriticServiceClient,
-    CriticUnavailable,
-    build_verifier,
-)
+from cast_rl.critique.service import CriticService, CriticUnavailable, build_verifier
 from cast_rl.critique.verifier import (
     Critique,
     ModelVerifier,

@@ -116,9 +116,9 @@ def test_pipeline_slice_rollout_learner_step_weight_sync(ray_local: Any, smollm2
     from transformers import AutoTokenizer
 
     from actors.learner import LearnerGroup
+    from actors.rollout_group import RolloutGroup
     from cast_rl.envs.core import load_domain_data
     from cast_rl.envs.generate import write_retail
-    from cast_rl.rollout.group import RolloutGroup
 
     data_dir = tmp_path / "retail"
     write_retail(data_dir, seed=0, num_tasks=8)

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from reliability_helpers import ScriptedPolicy, lost_and_duplicated, num_restarts, tool_call
 
+from actors.critic_service import CriticServiceClient, critic_client
 from cast_rl.config import load_config
-from cast_rl.critique.service import CriticServiceClient, CriticUnavailable
+from cast_rl.critique.service import CriticUnavailable
 from cast_rl.critique.verifier import Critique
 from cast_rl.envs.core import load_domain_data
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
@@ -73,7 +74,7 @@ def test_critic_actors_killed_mid_verification_lose_no_episode(
         f"run_dir={tmp_path / 'run'}",
     ])
     data = load_domain_data("retail", retail_data_dir)
-    client = build_verifier(cfg, data)
+    client = build_verifier(cfg, data, connect=critic_client)
     assert isinstance(client, CriticServiceClient)  # the rule critic goes through the actors
     originals = list(client.handles)
     # Call 3 kills slot A with the request in flight (Ray restarts it); call 7 kills slot B for

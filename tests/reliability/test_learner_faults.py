@@ -75,8 +75,9 @@ def test_killed_learner_worker_resumes_from_checkpoint_and_finishes(
 ) -> None:
     from actors.learner import LearnerGroup
     from actors.replay_buffer import ReplayBufferClient
+    from actors.supervision import ray_supervisor
     from cast_rl.learner.loop import TrainLoop
-    from cast_rl.learner.supervisor import MonotoneCollector, Supervisor
+    from cast_rl.learner.supervisor import MonotoneCollector
     from launchers.train import HFCollectorClient
 
     run_dir = tmp_path / "run"
@@ -96,7 +97,7 @@ def test_killed_learner_worker_resumes_from_checkpoint_and_finishes(
     buffer = ReplayBufferClient(cfg.replay, log, GBS, max_restarts=cfg.learner.max_restarts)
     loop = TrainLoop(cfg, collector, LearnerGroup(cfg), buffer, list(range(16)), split="toy")
     hook.loop = loop
-    supervisor = Supervisor(loop, lambda: LearnerGroup(cfg), cfg.learner.max_restarts)
+    supervisor = ray_supervisor(loop, lambda: LearnerGroup(cfg), cfg.learner.max_restarts)
     try:
         history = supervisor.run()
         # the run healed itself once and finished every step

@@ -66,8 +66,8 @@ async def _start(cls, path: Path, cfg):  # noqa: ANN001, ANN202
 def test_killed_rollout_worker_is_restarted_and_no_episode_is_lost(
     ray_local, tiny_model_dir: Path, retail_data_dir: Path  # noqa: ANN001
 ) -> None:
+    from actors.rollout_group import RolloutGroup
     from cast_rl.envs.setup import episode_units
-    from cast_rl.rollout.group import RolloutGroup
 
     cfg = load_config(None, [
         f"policy.path={tiny_model_dir}", f"env.data_dir={retail_data_dir}", *SMALL,

@@ -14,7 +14,7 @@ from cast_rl.inference.weight_sync import WeightSyncError, state_checksum
 
 @pytest.fixture(scope="module")
 def group_and_cfg(ray_local, tiny_model_dir: Path, retail_data_dir: Path):  # noqa: ANN001, ANN201
-    from cast_rl.rollout.group import RolloutGroup
+    from actors.rollout_group import RolloutGroup
 
     cfg = load_config(
         None,

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow  # two vLLM-backed Ray actors and a learner: ~3.5 
 @pytest.fixture(scope="module")
 def stack(ray_local, tiny_model_dir: Path, retail_data_dir: Path, tmp_path_factory):  # noqa: ANN001, ANN201
     from actors.learner import LearnerGroup
-    from cast_rl.rollout.group import RolloutGroup
+    from actors.rollout_group import RolloutGroup
 
     cfg = load_config(None, [
         f"policy.path={tiny_model_dir}", f"env.data_dir={retail_data_dir}", "env.split=test",

@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from cast_rl.config import load_config
 from cast_rl.envs.core import load_domain_data
 from cast_rl.rollout.verifiers import build_verifier
@@ -72,8 +74,19 @@ def test_the_in_process_rule_critic_knows_the_domain_tools(retail_data_dir: Path
     assert rule.tools == {"retail": data.tools} and data.tools
 
 
+def test_a_worker_without_a_way_to_the_critic_actors_says_so(retail_data_dir: Path) -> None:
+    """The library does not reach Ray itself: a critic served by actors needs ``connect``."""
+    cfg = load_config(None, [f"env.data_dir={retail_data_dir}", "critic.backend=rule",
+                             "critic.service=true", "critic.verification_budget=1"])
+    data = load_domain_data("retail", retail_data_dir)
+    with pytest.raises(ValueError, match="connect=actors.critic_service.critic_client"):
+        build_verifier(cfg, data)
+    connected = object()
+    assert build_verifier(cfg, data, connect=lambda c: connected) is connected
+
+
 def test_chunk_size_is_a_key_with_a_documented_default() -> None:
-    from cast_rl.rollout.group import default_chunk_size
+    from actors.rollout_group import default_chunk_size
 
     assert load_config(None).rollout.chunk_size is None
     assert load_config(None, ["rollout.chunk_size=5"]).rollout.chunk_size == 5

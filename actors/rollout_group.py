@@ -17,8 +17,11 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
+from actors import rollout_worker
+from cast_rl.config.resources import actor_request
 from cast_rl.config.schema import CastConfig, CriticConfig
 from cast_rl.critique.blame import BlameRecord
+from cast_rl.eval.passk import is_success
 from cast_rl.rollout.trajectory import Trajectory
 from cast_rl.rollout.worker import merge_worker_metrics
 
@@ -34,21 +37,22 @@ def default_chunk_size(units: int, workers: int, episodes_in_flight: int) -> int
 
 
 class RolloutGroup:
-    """N :class:`actors.rollout_worker.RolloutWorkerActor` and the work queue between them."""
+    """N :class:`actors.rollout_worker.RolloutWorkerActor` and the work queue between them.
+
+    The collector the library's :class:`~cast_rl.learner.loop.TrainLoop` and the evaluation
+    take as an argument (``collect``, ``update_weights``, ``metrics``, ``shutdown``); it lives
+    here, next to :class:`actors.learner.LearnerGroup`, because it holds Ray actors.
+    """
 
     def __init__(self, cfg: CastConfig, num_workers: int | None = None) -> None:
-        from actors.rollout_worker import RolloutWorkerActor
-
         self.cfg = cfg
         n = num_workers or cfg.rollout.num_workers
-        from cast_rl.config.resources import actor_request
-
         options = {
             **actor_request(cfg, "rollout").ray_options(),  # what the resource check counts
             "max_restarts": cfg.rollout.max_restarts,
             "max_task_retries": 0,  # we resubmit chunks ourselves, keyed by unit
         }
-        self.workers = [RolloutWorkerActor.options(**options).remote(cfg, i) for i in range(n)]
+        self.workers = [rollout_worker.RolloutWorkerActor.options(**options).remote(cfg, i) for i in range(n)]
         self.resubmitted_chunks = 0
         # The budget and critic every worker uses now; re-applied to a restarted worker.
         self.verification_budget = cfg.critic.verification_budget
@@ -125,8 +129,6 @@ class RolloutGroup:
               seed: int) -> list[BlameRecord]:
         """Verified blame of a labelled file's failed trajectories, shared out over the workers
         (trajectory by trajectory); records sorted by (trajectory_index, message_index)."""
-        from cast_rl.eval.passk import is_success
-
         failed = [i for i, t in enumerate(trajectories) if not is_success(t.reward)]
         shares = [failed[w :: len(self.workers)] for w in range(len(self.workers))]
         refs = []

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -21,13 +22,33 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
+from actors.critic_service import CriticServiceClient, private_critic_actor
+from actors.learner import LearnerGroup
 from cast_rl.config import to_dict
+from cast_rl.critique.blame import blame_metrics, confirmed_keys, count_failed, write_blame
+from cast_rl.critique.datasets import build_critic_data, read_requests
+from cast_rl.critique.labeller import label_file, write_labels
 from cast_rl.critique.service import critic_description
-from cast_rl.eval.critic_heldout import HELDOUT_METRICS, flat_heldout_metrics
+from cast_rl.critique.teacher import rewrite_labels
+from cast_rl.critique.verifier import RuleVerifier
+from cast_rl.envs.setup import episode_units
+from cast_rl.eval.critic_heldout import HELDOUT_METRICS, compare_critics, flat_heldout_metrics
+from cast_rl.learner.critique_samples import (
+    SUPERVISED_KINDS,
+    build_samples,
+    supervised_from_parquet,
+)
 from cast_rl.learner.sample import Sample
+from cast_rl.models.setup import ensure_model
 from cast_rl.pipeline.context import PipelineContext
+from cast_rl.rollout.demonstrations import collect_demonstrations
+from cast_rl.rollout.noisy_expert import collect_noisy_demonstrations
 from cast_rl.rollout.trajectory import Trajectory, read_trajectories, write_trajectories
 from cast_rl.telemetry import MetricsLogger
+from launchers.eval import run_eval
+from launchers.train import train_policy
 
 logger = logging.getLogger(__name__)
 
@@ -68,18 +89,12 @@ def train_supervised(
 
 
 def _learner(ctx: PipelineContext, lr: float, model_path: Path | None = None) -> Any:
-    from actors.learner import LearnerGroup
-
     cfg = ctx.with_policy()
     policy = dataclasses.replace(cfg.policy, path=str(model_path or ctx.policy_path))
     return LearnerGroup(dataclasses.replace(cfg, policy=policy, learner=dataclasses.replace(cfg.learner, lr=lr)))
 
 
 def _collect(ctx: PipelineContext, out: Path, budget: int) -> list[Trajectory]:
-    from tqdm import tqdm
-
-    from cast_rl.envs.setup import episode_units
-
     cfg = ctx.train_cfg()
     units = episode_units(cfg, ctx.data, trials=cfg.pipeline.collect_trials)
     group = ctx.rollout_group()
@@ -114,9 +129,6 @@ def _rollout_summary(trajs: list[Trajectory]) -> dict[str, Any]:
 
 def warmstart(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer
-
-    from cast_rl.rollout.demonstrations import collect_demonstrations
-    from cast_rl.rollout.noisy_expert import collect_noisy_demonstrations
 
     cfg = ctx.train_cfg()
     pipe = cfg.pipeline
@@ -153,8 +165,6 @@ def warmstart(ctx: PipelineContext, out: Path) -> dict[str, Any]:
 
 
 def _evaluate(ctx: PipelineContext, out: Path, stage: str) -> dict[str, Any]:
-    from launchers.eval import run_eval
-
     cfg = ctx.with_policy()
     cfg = dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, run_name=f"{ctx.group_name}-{stage}"))
     report = run_eval(cfg, out, group=ctx.rollout_group())
@@ -182,8 +192,6 @@ def collect(ctx: PipelineContext, out: Path) -> dict[str, Any]:
 
 
 def label(ctx: PipelineContext, out: Path) -> dict[str, Any]:
-    from cast_rl.critique.labeller import label_file
-
     source = ctx.stage_dir("collect") / "trajectories.jsonl"
     labels, trajectories, labeller = label_file(ctx.data, source, out / "labels.jsonl")
     metrics = labeller.stats.metrics()
@@ -191,10 +199,6 @@ def label(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     with (out / "unexplained_failures.jsonl").open("w") as f:
         f.writelines(json.dumps(record) + "\n" for record in labeller.stats.unexplained)
     if ctx.cfg.teacher.enabled:
-        import asyncio
-
-        from cast_rl.critique.labeller import write_labels
-
         metrics.update(asyncio.run(_teacher_rewrite(ctx, labels, trajectories)))
         write_labels(out / "labels.jsonl", labels)
     summary = {"actions": len(labels), **{k.removeprefix("label/"): v for k, v in metrics.items()}}
@@ -211,8 +215,6 @@ def _verified_blame(ctx: PipelineContext, out: Path, labels: list[dict[str, Any]
                     trajectories: list[Trajectory]) -> dict[str, float]:
     """Verified blame of the collected policy's failures (``pipeline.blame_k`` continuations per
     invalid label, no critic in the loop): ``blame.jsonl`` and ``blame/`` metrics."""
-    from cast_rl.critique.blame import blame_metrics, count_failed, write_blame
-
     group = ctx.rollout_group()
     group.set_verification_budget(0)
     records = group.blame(trajectories, labels, ctx.cfg.pipeline.blame_k, ctx.cfg.seed)
@@ -222,17 +224,12 @@ def _verified_blame(ctx: PipelineContext, out: Path, labels: list[dict[str, Any]
 
 async def _teacher_rewrite(ctx: PipelineContext, labels: list, trajectories: list) -> dict[str, float]:
     """Let the teacher rewrite each rationale; rewrites that leak are discarded (counted)."""
-    from cast_rl.critique.teacher import rewrite_labels
-
     return await rewrite_labels(ctx.cfg.teacher, ctx.data, labels, trajectories, seed=ctx.cfg.seed)
 
 
 def critic_data(ctx: PipelineContext, out: Path) -> dict[str, Any]:
-    from cast_rl.critique.datasets import build_critic_data
-
     drop: set[tuple[int, int]] = set()
     if ctx.cfg.pipeline.critic_data_blame == "filter":
-        from cast_rl.critique.blame import confirmed_keys
 
         checked, confirmed = confirmed_keys(ctx.stage_dir("label") / "blame.jsonl")
         drop = checked - confirmed  # invalid labels the counterfactual did not bear out
@@ -244,9 +241,6 @@ def critic_data(ctx: PipelineContext, out: Path) -> dict[str, Any]:
 
 def train_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer
-
-    from cast_rl.learner.critique_samples import supervised_from_parquet
-    from cast_rl.models.setup import ensure_model
 
     cfg = ctx.cfg
     if cfg.pipeline.critic_train_steps == 0:
@@ -274,15 +268,6 @@ def train_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
 def _heldout_critics(ctx: PipelineContext, out: Path, base: Path, trained: Path) -> dict[str, Any]:
     """The critics of ``pipeline.critic_heldout_eval`` on the held-out split, side by side
     (:mod:`cast_rl.eval.critic_heldout`); written to ``heldout_metrics.json``."""
-    import asyncio
-    import json
-
-    from actors.critic_service import private_critic_actor
-    from cast_rl.critique.datasets import read_requests
-    from cast_rl.critique.service import CriticServiceClient
-    from cast_rl.critique.verifier import RuleVerifier
-    from cast_rl.eval.critic_heldout import compare_critics
-
     cfg = ctx.cfg
     tools = {ctx.data.spec.name: ctx.data.tools}
     data = ctx.stage_dir("critic_data") / "heldout.parquet"
@@ -332,11 +317,11 @@ def optimise(ctx: PipelineContext, out: Path) -> dict[str, Any]:
 
     Supervised kinds (``supervised``, ``distill``, ``rft``) train for ``pipeline.sft_steps`` on
     the trajectories of the two collect stages.  The RL kinds then run the train loop with the
-    critic in the loop at ``pipeline.collect_budget``, so verdicts become turn-level credit.
+    critic in the loop at ``pipeline.collect_budget``, so verdicts become turn-level credit,
+    through the same driver as ``python -m launchers.train`` (:func:`launchers.train.train_policy`:
+    replay buffer and its log under ``<stage>/replay``, supervisor).  The stage starts afresh
+    when rerun (its directory is cleared), so it does not resume a checkpoint.
     """
-    from actors.replay_buffer import ReplayBufferClient
-    from cast_rl.learner.critique_samples import SUPERVISED_KINDS, build_samples
-    from cast_rl.learner.loop import TrainLoop
 
     cfg = dataclasses.replace(ctx.train_cfg(), run_dir=str(out))
     summary: dict[str, Any] = {}
@@ -363,15 +348,15 @@ def optimise(ctx: PipelineContext, out: Path) -> dict[str, Any]:
             if rl and cfg.algorithm.steps:
                 group.set_verification_budget(cfg.pipeline.collect_budget)
                 rl_cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, samples=rl))
-                buffer = ReplayBufferClient(rl_cfg.replay, out / "replay" / "log.jsonl", rl_cfg.learner.global_batch_size)
                 tasks = list(cfg.env.task_indices or range(len(ctx.data.tasks(cfg.env.split))))
-                loop = TrainLoop(rl_cfg, _VersionedCollector(group, ctx), learner, buffer, tasks, metrics=log,
-                                 split=cfg.env.split)
-                history = loop.run()
-                summary["grpo_steps"] = loop.state.step
+                run = train_policy(rl_cfg, _VersionedCollector(group, ctx), tasks, cfg.env.split, log,
+                                   lambda: _learner(ctx, cfg.learner.lr), learner=learner, resume=False)
+                learner = run.loop.learner  # the supervisor may have rebuilt the group
+                summary["grpo_steps"] = run.loop.state.step
                 summary["verification_budget"] = cfg.pipeline.collect_budget
+                summary["learner_restarts"] = len(run.failures)
                 for key in ("train/reward_mean", "rollout/critique_rounds", "rollout/zero_variance_group_frac"):
-                    summary[key.split("/")[1] + "_per_step"] = [round(h.get(key, float("nan")), 4) for h in history]
+                    summary[key.split("/")[1] + "_per_step"] = [round(h.get(key, float("nan")), 4) for h in run.history]
         model = learner.save_hf(out / "model")
     finally:
         learner.shutdown()
