@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from cast_rl.critique.context import RESPOND, message_text
-from cast_rl.critique.verifier import VerifyRequest
+from cast_rl.critique.records import VerifyRequest
 from cast_rl.rollout.trajectory import CRITIC_NAME
 
 CRITIC_SYSTEM = """You are the critic of a {domain} customer-service agent. You check one proposed \

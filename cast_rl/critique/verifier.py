@@ -7,71 +7,29 @@ message named ``critic`` and the round is recorded in the trajectory.
 Implementations: :class:`cast_rl.critique.verifier.RuleVerifier` (visible-information rules,
 no gold actions), :class:`cast_rl.critique.verifier.ModelVerifier` (a critic LLM behind an
 :class:`~cast_rl.inference.base.InferenceEngine`), and the retrying client of the Ray critic
-service in :mod:`cast_rl.critique.service`.
+service (:class:`actors.critic_service.CriticServiceClient`).  The records a critic is asked and
+answers live in :mod:`cast_rl.critique.records` (imported here too).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import replace
+from typing import Any
+
+from cast_rl.critique.context import ActionRef, Visible
+from cast_rl.critique.prompt import critic_messages
+from cast_rl.critique.rationale import format_critique, leakage_problems, parse_critique, unparsable
+from cast_rl.critique.records import VERDICTS, Critique, Verifier, VerifyRequest
+from cast_rl.critique.rules import choose, get_rules, to_rationale, visible_findings
+from cast_rl.inference.base import Sampling
+
+__all__ = ["VERDICTS", "Critique", "GuardedVerifier", "ModelVerifier", "RuleVerifier", "Verifier",
+           "VerifyRequest"]
 
 logger = logging.getLogger(__name__)
-
-VERDICTS = ("valid", "invalid", "unparsable")
-
-
-@dataclass
-class VerifyRequest:
-    """One proposed action and everything the agent could see when it proposed it."""
-
-    domain: str
-    """Domain name (retail, airline, telecom, telehealth)."""
-    policy: str
-    """The domain policy text (the agent's system prompt)."""
-    messages: list[dict[str, Any]]
-    """Visible conversation so far, OpenAI-style, not including the proposal."""
-    proposal: dict[str, Any]
-    """``{"name": tool, "kwargs": {...}}``; ``{"name": "respond", "kwargs": {"content": ...}}``
-    for a message to the user."""
-
-
-@dataclass
-class Critique:
-    """A critic's answer to one :class:`VerifyRequest`."""
-
-    verdict: str
-    """valid, invalid or unparsable (the critic's output could not be read)."""
-    error_type: str
-    """none, hallucination, policy_violation or wrong_tool_usage ("unknown" when unparsable)."""
-    rationale: dict[str, Any] = field(default_factory=dict)
-    """The structured rationale (verdict, error_type, evidence, policy_clause, explanation,
-    suggested_fix)."""
-    text: str = ""
-    """What the policy is shown."""
-    critic: str = ""
-    """Which critic answered: ``rule``, or the model directory of a model critic."""
-    unparsable: bool = False
-    """The critic's answer could not be read and ``critic.on_unparsable=reject`` turned it into
-    this ``invalid`` critique (see :class:`GuardedVerifier`)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "verdict": self.verdict,
-            "error_type": self.error_type,
-            "rationale": self.rationale,
-            "text": self.text,
-            "critic": self.critic,
-            "unparsable": self.unparsable,
-        }
-
-
-@runtime_checkable
-class Verifier(Protocol):
-    """Critiques a batch of proposals; one :class:`Critique` per request, in order."""
-
-    async def verify(self, requests: list[VerifyRequest]) -> list[Critique]: ...
 
 
 class RuleVerifier:
@@ -88,10 +46,6 @@ class RuleVerifier:
         return [self.verify_one(r) for r in requests]
 
     def verify_one(self, request: VerifyRequest) -> Critique:
-        from cast_rl.critique.context import ActionRef, Visible
-        from cast_rl.critique.rationale import format_critique, leakage_problems
-        from cast_rl.critique.rules import choose, get_rules, to_rationale, visible_findings
-
         rules = get_rules(request.domain)
         proposal = request.proposal
         action = ActionRef(
@@ -120,18 +74,12 @@ class ModelVerifier:
     def __init__(
         self, engine: Any, sampling: Any = None, max_prompt_chars: int = 24_000, name: str = ""
     ) -> None:
-        from cast_rl.inference.base import Sampling
-
         self.engine = engine
         self.sampling = sampling or Sampling(max_new_tokens=256, temperature=0.0, logprobs=False)
         self.max_prompt_chars = max_prompt_chars
         self.name = name or str(getattr(engine, "model_path", "model"))
 
     async def verify(self, requests: list[VerifyRequest]) -> list[Critique]:
-        import asyncio
-
-        from cast_rl.critique.prompt import critic_messages
-
         results = await asyncio.gather(
             *(
                 self.engine.chat(critic_messages(r, self.max_prompt_chars), self.sampling)
@@ -148,8 +96,6 @@ class ModelVerifier:
     @staticmethod
     def parse(result: Any) -> Critique:
         """The critique a completion holds, or an ``unparsable`` one."""
-        from cast_rl.critique.rationale import format_critique, parse_critique, unparsable
-
         if isinstance(result, BaseException):
             logger.warning("critic generation failed: %s", result)
             text = f"generation failed: {result}"

@@ -17,10 +17,16 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
+def group_keys(report: dict[str, Any]) -> list[str]:
+    """Every domain/split of the report, in order of first appearance."""
+    keys: dict[str, None] = {}
+    for config in report["configurations"]:
+        keys.update(dict.fromkeys(config["groups"]))
+    return list(keys)
+
+
 def write_plots(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
     """Write every plot of the module docstring under ``out_dir``; returns their paths."""
-    from cast_rl.eval.report import group_keys
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []

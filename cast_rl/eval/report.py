@@ -75,6 +75,7 @@ from typing import Any
 
 from cast_rl.eval.critic import Judge, critic_metrics
 from cast_rl.eval.passk import TrialResult, as_keys, group_rewards, is_success, passk
+from cast_rl.eval.plots import group_keys, write_plots
 from cast_rl.eval.uncertainty import (
     critic_comparisons,
     interval_metadata,
@@ -206,14 +207,6 @@ def _cost(trajectories: list[Trajectory]) -> dict[str, float]:
     return {"policy_tokens": policy, "prompt_tokens": prompt, "tokens": policy + prompt, "wall_s": mean("wall_s")}
 
 
-def group_keys(report: dict[str, Any]) -> list[str]:
-    """Every domain/split of the report, in order of first appearance."""
-    keys: dict[str, None] = {}
-    for config in report["configurations"]:
-        keys.update(dict.fromkeys(config["groups"]))
-    return list(keys)
-
-
 def render_markdown(report: dict[str, Any], plots: list[Path] | None = None, base: Path | None = None) -> str:
     """A summary a person reads: a pass^k table per domain/split, then critic and cost."""
     configs = report["configurations"]
@@ -322,8 +315,6 @@ def _cell(value: Any) -> str:
 
 def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
     """Write report.json, the plots and summary.md under ``out_dir``; returns their paths."""
-    from cast_rl.eval.plots import write_plots
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"report": out_dir / "report.json", "summary": out_dir / "summary.md"}
