@@ -36,8 +36,11 @@ test: setup
 test-slow: setup
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
+# ruff, then the import contract (pyproject [tool.importlinter]): the library imports no Ray,
+# actors nor launchers; launchers > actors; nothing imports the CLI; no cycles inside cast_rl.
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-logo
 
 # On a CUDA machine: GPU extra in .venv-gpu, gpu tests, the GPU path end to end and the learner and
 # weight-sync benchmarks, one JSON line; on a CPU-only machine it says so and exits 0.
