@@ -684,6 +684,31 @@ class PipelineConfig:
     """off, or filter: critic_data leaves out of the critic's training split every invalid label
     that verified blame checked and did not confirm (needs blame_k > 0; the held-out split is
     kept whole, so held-out metrics compare like with like)."""
+    benefit_budgets: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
+    """The critic's net benefit (cast_rl.critique.net_benefit, ``cast-rl benefit``): verification
+    budgets compared by pass^k per token; the one maximising it is chosen."""
+    benefit_trials: int = 4
+    """Trials per task at each budget (the n of pass^k)."""
+    benefit_k: int = 2
+    """Continuations per branch (the proposal as it was, the revision) at each flagged action;
+    0 only sweeps the budgets."""
+    benefit_passk: int = 1
+    """The k whose pass^k per token chooses the budget (1: successes per token, the inverse of
+    the tokens paid per solved task; must be <= benefit_trials)."""
+    benefit_fp_rate: float = 0.0
+    """Wrap the critic so that it also rejects a valid proposal with this probability
+    (deterministic per proposal; validation of the measurement, 0 in real runs)."""
+    benefit_policy: str = "policy"
+    """policy (policy.path served by inference.*) or noisy_expert (generated retail only: the
+    deferential noisy teacher, errors at benefit_error_rate; cast_rl.rollout.noisy_expert)."""
+    benefit_error_rate: float = 0.5
+    """noisy_expert: share of episodes with one error of a kind from benefit_errors."""
+    benefit_errors: list[str] = field(
+        default_factory=lambda: ["missing_confirmation", "wrong_argument", "fabricated_id"]
+    )
+    """noisy_expert: the error kinds it makes."""
+    benefit_tasks: int = 0
+    """Tasks of env.split measured: the first N (0: all)."""
 
     def __post_init__(self) -> None:
         for stage in self.stages:
@@ -715,6 +740,24 @@ class PipelineConfig:
                              "allowed; it must be in [0, 1)")
         for critic in self.critic_heldout_eval:
             _check_choice("pipeline.critic_heldout_eval[]", critic, ("rule", "base", "trained"))
+        if not self.benefit_budgets or len(set(self.benefit_budgets)) != len(self.benefit_budgets):
+            raise ValueError(f"pipeline.benefit_budgets={self.benefit_budgets} is not allowed; list each budget "
+                             "once, at least one, e.g. [0, 1, 2]")
+        for b in self.benefit_budgets:
+            _check_positive("pipeline.benefit_budgets[]", b, allow_zero=True)
+        _check_positive("pipeline.benefit_trials", self.benefit_trials)
+        _check_positive("pipeline.benefit_k", self.benefit_k, allow_zero=True)
+        _check_positive("pipeline.benefit_passk", self.benefit_passk)
+        if self.benefit_passk > self.benefit_trials:
+            raise ValueError(f"pipeline.benefit_passk={self.benefit_passk} is not allowed with "
+                             f"pipeline.benefit_trials={self.benefit_trials}; k must be <= the trials per task")
+        for key in ("benefit_fp_rate", "benefit_error_rate"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ValueError(f"pipeline.{key}={getattr(self, key)!r} is not allowed; it must be in [0, 1]")
+        _check_choice("pipeline.benefit_policy", self.benefit_policy, ("policy", "noisy_expert"))
+        for kind in self.benefit_errors:
+            _check_choice("pipeline.benefit_errors[]", kind, ("missing_confirmation", "wrong_argument", "fabricated_id"))
+        _check_positive("pipeline.benefit_tasks", self.benefit_tasks, allow_zero=True)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,15 @@ uses what the user has not said: it asks for the cancel reason instead of readin
 gold action.  After a critique it proposes the
 correct step (it never repeats an error), which is what critique-corrected data looks like.
 
+``defers=True`` makes it a teacher that trusts the critic over itself, as instruction-tuned models
+told "invalid" tend to: a proposal the critic rejected is not proposed again for the same decision
+while an alternative is left.  The one alternative it knows is the other allowed cancel reason,
+so a rejected *correct* cancel is revised into a cancel with the reason the user did not give
+(the task then fails), while a rejected wrong cancel is still revised into the right one; any
+other rejected step has no alternative and is proposed again.  This is how a critic's false
+positives harm outcomes (:mod:`cast_rl.critique.net_benefit` measures it); the default teacher,
+which repeats a step it knows is right, is immune to them.
+
 The engine speaks token ids like a real one (:class:`~cast_rl.inference.base.InferenceEngine`):
 it decodes the prompt, decides, and returns the canonical token ids of its turn.
 """
@@ -75,6 +84,8 @@ class _Seen:
     last_text: str
     critiqued: bool
     """The last message is a critic's rejection."""
+    rejected: list[str]
+    """The proposals (assistant texts) critics rejected since the last step that ran."""
     asked_reason: bool
     confirmed: str
     """The assistant's last confirmation question, when the user's latest reply is a yes to it
@@ -84,13 +95,16 @@ class _Seen:
 class NoisyExpertEngine:
     """One episode's teacher: the next step of ``task``'s gold actions, with one drawn error."""
 
-    def __init__(self, tokenizer: Any, task: Task, write_tools: frozenset[str], error: str | None) -> None:
+    def __init__(
+        self, tokenizer: Any, task: Task, write_tools: frozenset[str], error: str | None, defers: bool = False,
+    ) -> None:
         if error is not None and error not in ERROR_KINDS:
             raise ValueError(f"error={error!r} is not allowed; choose one of {ERROR_KINDS}")
         self.tokenizer = tokenizer
         self.task = task
         self.write_tools = write_tools
         self.error = error
+        self.defers = defers
         self.made_error = False
         self._eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
         self._gold = [a for a in task.actions if a.name != RESPOND]
@@ -114,6 +128,23 @@ class NoisyExpertEngine:
 
     def next_turn(self, prompt: str) -> str:
         seen = self._read(prompt)
+        body = self._step(prompt, seen)
+        if self.defers and body in seen.rejected:
+            body = next((alt for alt in self._alternatives(body) if alt not in seen.rejected), body)
+        return body
+
+    def _alternatives(self, body: str) -> list[str]:
+        """What a deferential teacher proposes instead of a rejected ``body``: a cancel with the
+        other allowed reason; nothing for any other step."""
+        calls = _CALL.findall(body)
+        call = json.loads(calls[0]) if calls else {}
+        kwargs = dict(call.get("arguments") or {})
+        if call.get("name") != "cancel_pending_order" or kwargs.get("reason") not in _OTHER_REASON:
+            return []
+        kwargs["reason"] = _OTHER_REASON[kwargs["reason"]]
+        return [tool_call_text("cancel_pending_order", kwargs)]
+
+    def _step(self, prompt: str, seen: _Seen) -> str:
         if seen.last_role == "system" or (seen.last_role == "user" and seen.done == 0 and not self._asked_identity(prompt)):
             return IDENTITY_QUESTION
         if seen.done >= len(self._gold):
@@ -159,6 +190,7 @@ class NoisyExpertEngine:
     def _read(self, prompt: str) -> _Seen:
         done, last_role, last_text = 0, "system", ""
         asked_reason = critiqued = False
+        rejected: list[str] = []
         pending: str | None = None  # the tool name of the assistant's last call
         confirm_question, confirmed, before = "", "", ("", "")
         for role, text in _TURN.findall(prompt):
@@ -174,19 +206,21 @@ class NoisyExpertEngine:
             responses = _RESPONSE.findall(text)
             if responses:
                 ok = pending is not None and not responses[0].startswith("Error")
+                rejected = []
                 if ok and done < len(self._gold) and pending == self._gold[done].name:
                     done += 1
                 last_role, last_text, pending = "tool", responses[0], None
                 continue
             if role == "user" and text.startswith(_CRITIQUE):  # the proposal never ran
+                rejected.append(last_text)
                 last_role, critiqued, pending = "user", True, None
                 last_text, confirmed = before
                 continue
             if role == "user":
                 yes = text.lower().startswith("yes") and last_text == confirm_question
                 confirmed = confirm_question if yes else ""
-                last_role, last_text, critiqued = "user", text, False
-        return _Seen(done, last_role, last_text, critiqued, asked_reason, confirmed)
+                last_role, last_text, critiqued, rejected = "user", text, False, []
+        return _Seen(done, last_role, last_text, critiqued, rejected, asked_reason, confirmed)
 
     @staticmethod
     def _asked_identity(prompt: str) -> bool:
