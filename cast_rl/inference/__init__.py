@@ -5,7 +5,7 @@ from cast_rl.inference.base import Completion, GenerationTimeout, InferenceEngin
 __all__ = ["Completion", "GenerationTimeout", "InferenceEngine", "Sampling", "build_engine"]
 
 
-def build_engine(model_path: str, cfg, seed: int = 0, dtype: str | None = None) -> InferenceEngine:  # noqa: ANN001
+def build_engine(model_path: str, cfg, seed: int = 0, dtype: str | None = None) -> InferenceEngine:
     """The engine named by ``cfg.backend`` (an :class:`InferenceConfig`); ``dtype`` is the served
     model's ``model.dtype`` (vLLM only; None keeps vLLM's choice: float32 on CPUs, the
     checkpoint's dtype on GPUs)."""

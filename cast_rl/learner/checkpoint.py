@@ -4,7 +4,10 @@ Layout of ``<run_dir>/checkpoints/step_000012/``::
 
     train_state/      torch.distributed.checkpoint files (model + optimizer, every rank's shard)
     rng_rank0.pt ...  each learner rank's RNG states (python, numpy, torch CPU and CUDA)
-    meta.json         step, policy version, data cursor, replay-buffer cursor, driver RNG state
+    meta.json         step, collection rounds, policy version, data cursor, replay-buffer cursor
+
+The driver keeps no RNG state of its own: the task order is a seeded function of the data cursor
+(:class:`~cast_rl.learner.loop.TaskCursor`), so the cursor is enough to resume it.
 
 ``meta.json`` is written last (by the driver, after every rank finished), so a directory without
 it is an interrupted save and :func:`latest_checkpoint` skips it.  DCP checkpoints reshard on

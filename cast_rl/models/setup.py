@@ -34,5 +34,5 @@ def ensure_model(model: ModelConfig, corpus_dirs: list[Path] | None = None) -> P
     return path
 
 
-def ensure_policy_model(cfg: CastConfig, data) -> Path:  # noqa: ANN001
+def ensure_policy_model(cfg: CastConfig, data) -> Path:
     return ensure_model(cfg.policy, [data.data_dir])

@@ -129,7 +129,7 @@ class ScriptEngine:
         n = text.count(ASSISTANT_TURN) - 1
         return _encode(self.tokenizer, self.turns[min(n, len(self.turns) - 1)], self._eos)
 
-    async def chat(self, messages, sampling, tools=None):  # noqa: ANN001, ANN201
+    async def chat(self, messages, sampling, tools=None):
         raise NotImplementedError("ScriptEngine only serves token prompts")
 
     async def close(self) -> None:
@@ -194,7 +194,7 @@ class ExpertEngine:
         body = self.next_turn(self._last_user_text(prompt_ids) if self.asks else "")
         return _encode(self.tokenizer, body, self._eos)
 
-    async def chat(self, messages, sampling, tools=None):  # noqa: ANN001, ANN201
+    async def chat(self, messages, sampling, tools=None):
         raise NotImplementedError("the expert only serves token prompts")
 
     def fork(self) -> ExpertEngine:
@@ -224,7 +224,7 @@ class ExpertPolicy:
             "to each task; this engine generates nothing itself"
         )
 
-    async def chat(self, messages, sampling, tools=None):  # noqa: ANN001, ANN201
+    async def chat(self, messages, sampling, tools=None):
         raise NotImplementedError("the expert only serves token prompts")
 
     async def close(self) -> None:
