@@ -70,6 +70,7 @@ class VLLMEngine:
 
     async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(
             max_tokens=sampling.max_new_tokens,
@@ -82,6 +83,11 @@ class VLLMEngine:
             logprobs=0 if sampling.logprobs else None,
             skip_special_tokens=False,
             ignore_eos=sampling.ignore_eos,
+            # The caller reads the finished ids only: no per-step output objects, and no
+            # incremental detokenisation in this process unless stop strings need it (the text
+            # is decoded once below).
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            detokenize=bool(sampling.stop),
         )
         request_id = f"req-{next(self._ids)}"
         try:

@@ -21,7 +21,9 @@ says whether that held (it is reported as a rollout metric, never silently assum
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import re
 from typing import Any
 
 from cast_rl.inference.base import Completion
@@ -48,16 +50,32 @@ class ConversationTokens:
         self.policy_tokens = 0
         self.last_span = (0, 0)
         """[start, end) in ``token_ids`` of the latest policy turn's generated ids."""
+        self._rendered: str | None = ""  # render(self.messages) while known, else None
+        self._prompt_suffix: str | None = None  # what add_generation_prompt appends
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
             messages, tools=self.tools, tokenize=False, add_generation_prompt=generation_prompt
         )
 
+    def _generation_prompt(self, rendered: str) -> str:
+        """The text the template appends for the assistant's turn.
+
+        Rendered once per conversation (chat templates write a fixed assistant header; the
+        first render checks that it extends the conversation) instead of a third full
+        rendering on every turn.
+        """
+        if self._prompt_suffix is None:
+            full = self._render(self.messages, generation_prompt=True)
+            if not full.startswith(rendered):
+                raise AssertionError("chat template's generation prompt rewrites the conversation")
+            self._prompt_suffix = full[len(rendered) :]
+        return self._prompt_suffix
+
     def _append_context_text(self, text: str) -> None:
         if not text:
             return
-        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        ids = encode_context(self.tokenizer, text)
         self.token_ids += ids
         self.loss_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
@@ -65,9 +83,10 @@ class ConversationTokens:
 
     def add_context(self, new_messages: list[dict[str, Any]], generation_prompt: bool = True) -> None:
         """Append non-policy messages (and the assistant generation prompt) as context tokens."""
-        before = self._render(self.messages, generation_prompt=False) if self.messages else ""
+        before = self._rendered if self._rendered is not None else self._render(self.messages, generation_prompt=False)
         self.messages.extend(new_messages)
         after = self._render(self.messages, generation_prompt=False)
+        self._rendered = after
         if self._newline_pending:  # the "\n" after the policy's <|im_end|>
             self._newline_pending = False
             if not before.endswith("\n"):
@@ -81,7 +100,7 @@ class ConversationTokens:
         if self.consistent and self._text != after:
             self.consistent = False
         if generation_prompt:
-            prompt = self._render(self.messages, generation_prompt=True)[len(after) :]
+            prompt = self._generation_prompt(after)
             n = len(self.token_ids)
             self._append_context_text(prompt)
             self._open_prompt = (len(self.token_ids) - n, len(prompt))
@@ -89,6 +108,7 @@ class ConversationTokens:
     def add_policy_turn(self, completion: Completion) -> tuple[dict[str, Any], ParsedTurn]:
         """Append generated ids verbatim; returns the assistant message and its parse."""
         self._open_prompt = (0, 0)
+        self._rendered = None
         ids, logprobs = list(completion.token_ids), list(completion.logprobs)
         if len(logprobs) != len(ids):
             logprobs = (logprobs + [0.0] * len(ids))[: len(ids)]
@@ -126,8 +146,11 @@ class ConversationTokens:
         if self._newline_pending:
             self._newline_pending = False
             self._append_context_text("\n")
-        if self.consistent and self._text != self._render(self.messages, generation_prompt=False):
-            self.consistent = False
+        if self.consistent:
+            if self._rendered is None:
+                self._rendered = self._render(self.messages, generation_prompt=False)
+            if self._text != self._rendered:
+                self.consistent = False
 
     def fork(self) -> ConversationTokens:
         """An independent copy (the tokenizer is shared)."""
@@ -166,3 +189,51 @@ def assistant_message(parsed: ParsedTurn, raw_text: str, turn: int) -> dict[str,
             for i, call in enumerate(parsed.tool_calls)
         ]
     return message
+
+
+_CACHED_CHARS = 512
+"""Context segments at least this long (the system prompt with its tool schemas, which every
+episode of a domain starts with) are encoded once per process and looked up after that."""
+
+
+def encode_context(tokenizer: Any, text: str) -> list[int]:
+    """``tokenizer(text, add_special_tokens=False).input_ids``, without re-encoding long repeats.
+
+    The text is cut at the tokenizer's special tokens, which the tokenizer splits out before
+    its pre-tokenizer and model see the text, so no token spans a cut and the pieces' ids
+    concatenate to the whole text's ids.  Long pieces come from a small per-process cache.
+    """
+    pattern = _special_split(tokenizer)
+    if pattern is None:
+        return tokenizer(text, add_special_tokens=False).input_ids
+    ids: list[int] = []
+    for piece in pattern.split(text):
+        if not piece:
+            continue
+        if len(piece) >= _CACHED_CHARS:
+            ids += _encode_cached(tokenizer, piece)
+        else:
+            ids += tokenizer(piece, add_special_tokens=False).input_ids
+    return ids
+
+
+@functools.lru_cache(maxsize=64)
+def _encode_cached(tokenizer: Any, piece: str) -> tuple[int, ...]:
+    return tuple(tokenizer(piece, add_special_tokens=False).input_ids)
+
+
+@functools.lru_cache(maxsize=16)
+def _special_split(tokenizer: Any) -> re.Pattern[str] | None:
+    """A pattern that splits text around the special tokens the tokenizer cuts out verbatim.
+
+    None (encode whole texts) when any special token strips the whitespace beside it or is
+    normalised, where a cut would not match the tokenizer's own split.
+    """
+    added = getattr(tokenizer, "added_tokens_decoder", None)
+    if not added:
+        return None
+    specials = [t for t in added.values() if t.special]
+    if not specials or any(t.lstrip or t.rstrip or t.normalized for t in specials):
+        return None
+    contents = sorted((t.content for t in specials), key=len, reverse=True)
+    return re.compile("(" + "|".join(re.escape(c) for c in contents) + ")")

@@ -186,3 +186,25 @@ def test_context_overflow_ends_episode_with_consistent_tokens(setup) -> None:  #
     assert traj.info["termination"] == "context_overflow"
     rendered = tok.apply_chat_template(traj.messages, tools=data.tools, tokenize=False)
     assert traj.token_ids == tok(rendered, add_special_tokens=False).input_ids
+
+
+def test_context_encoding_cut_at_special_tokens_equals_whole_text(setup) -> None:  # noqa: ANN001
+    """encode_context cuts at special tokens and caches long pieces: same ids as one encode."""
+    from cast_rl.models.chat import render
+    from cast_rl.rollout.tokens import _special_split, encode_context
+
+    _, data, tok = setup
+    assert _special_split(tok) is not None, "the tiny tokenizer's special tokens should allow cuts"
+    task = data.task("train", 0)
+    messages = [
+        {"role": "system", "content": data.policy},
+        {"role": "user", "content": task.instruction + " <|im_end|>x<|im_start|>"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "find_user_id_by_email", "arguments": '{"email": "a@b.c"}'}}]},
+        {"role": "tool", "content": '{"error": "not found"}\n\n  spaced ', "tool_call_id": "c0"},
+    ]
+    text = render(tok, messages, tools=data.tools, add_generation_prompt=True)
+    for piece in (text, text[5:], "\n" + text, "<|im_end|>\n<|im_start|>user\nhi", "  <|im_end|>  "):
+        whole = tok(piece, add_special_tokens=False).input_ids
+        assert encode_context(tok, piece) == whole
+        assert encode_context(tok, piece) == whole  # the cached long pieces give the same ids
