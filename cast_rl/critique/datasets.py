@@ -32,7 +32,7 @@ from cast_rl.critique.context import iter_actions
 from cast_rl.critique.prompt import critic_messages
 from cast_rl.critique.rationale import Rationale, format_critique
 from cast_rl.critique.verifier import VerifyRequest
-from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.rollout.trajectory import Trajectory, read_trajectories
 
 logger = logging.getLogger(__name__)
 
@@ -163,8 +163,6 @@ def build_critic_data(
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from cast_rl.rollout.trajectory import read_trajectories
 
     if not 0.0 <= heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction={heldout_fraction} is not allowed; use 0 <= f < 1")

@@ -29,6 +29,8 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from cast_rl.critique.context import ActionRef, Visible
+from cast_rl.critique.rationale import Rationale, leakage_problems
 from cast_rl.critique.verifier import Verifier, VerifyRequest
 from cast_rl.rollout.trajectory import Trajectory
 
@@ -92,9 +94,6 @@ def rationale_leakage(
     rationale: dict[str, Any], request: VerifyRequest, tools: list[dict[str, Any]] | None = None
 ) -> list[str]:
     """Why a critique's rationale says more than the agent could see when it proposed the action."""
-    from cast_rl.critique.context import ActionRef, Visible
-    from cast_rl.critique.rationale import Rationale, leakage_problems
-
     proposal = request.proposal
     action = ActionRef(len(request.messages), 0, str(proposal.get("name", "")), dict(proposal.get("kwargs") or {}))
     return leakage_problems(Rationale.from_json(rationale), Visible(request.policy, request.messages, tools or []), action)

@@ -18,10 +18,13 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from cast_rl.config.schema import CriticConfig
 from cast_rl.critique.verifier import Critique, ModelVerifier, RuleVerifier, Verifier, VerifyRequest
+from cast_rl.inference import build_engine
+from cast_rl.inference.base import Sampling
 
 logger = logging.getLogger(__name__)
 
@@ -38,18 +41,12 @@ def _rule(cfg: CriticConfig, tools: dict[str, list[dict[str, Any]]] | None, engi
 
 
 def _model(cfg: CriticConfig, tools: dict[str, list[dict[str, Any]]] | None, engine: Any) -> Verifier:
-    from pathlib import Path
-
-    from cast_rl.inference.base import Sampling
-
     if cfg.backend == "trained" and engine is None and not (Path(cfg.model.path) / "config.json").exists():
         raise FileNotFoundError(
             f"critic.backend=trained: no trained critic at critic.model.path={cfg.model.path!r}; the "
             "pipeline serves <run_dir>/05_train_critic/model once stage train_critic has run"
         )
     if engine is None:
-        from cast_rl.inference import build_engine
-
         engine = build_engine(cfg.model.path, cfg.inference, seed=cfg.model.seed)
     sampling = Sampling(
         max_new_tokens=cfg.inference.max_new_tokens,

@@ -25,6 +25,7 @@ from cast_rl.critique.prompt import critic_messages
 from cast_rl.critique.rationale import Rationale, format_critique, leakage_problems, parse_critique
 from cast_rl.critique.verifier import VerifyRequest
 from cast_rl.envs.core import DomainData
+from cast_rl.inference import build_engine
 from cast_rl.inference.base import Completion, Sampling
 from cast_rl.rollout.trajectory import Trajectory
 
@@ -128,7 +129,6 @@ def build_teacher_engine(cfg: TeacherConfig, seed: int = 0) -> Any:
     model named ``teacher.model.path``) or the local model at ``teacher.model.path``."""
     if cfg.inference.backend == "openai":
         return OpenAIChat(cfg.inference.base_url, cfg.model.path, cfg.inference.api_key_env)
-    from cast_rl.inference import build_engine
 
     return build_engine(cfg.model.path, cfg.inference, seed=seed)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from cast_rl.config.schema import RETAIL_TASK_KINDS, CastConfig
 from cast_rl.envs.core import DomainData, fixed_clock, load_domain_data
+from cast_rl.envs.generate import write_retail
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +35,6 @@ def data_dir_for(cfg: CastConfig) -> Path:
         name += "-compact"
     out = Path(cfg.run_dir) / "data" / name
     if not out.exists():
-        from cast_rl.envs.generate import write_retail
-
         logger.info("generating %d retail tasks (seed %d) in %s", cfg.env.generated_tasks, cfg.env.generated_seed, out)
         # Write beside the target and rename: processes racing on one node never see half a copy.
         tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")

@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cast_rl.critique.context import MALFORMED
+from cast_rl.critique.labeller import Labeller
 from cast_rl.critique.metrics import detection_metrics, verification_metrics
 from cast_rl.rollout.trajectory import Trajectory
 
@@ -93,9 +95,6 @@ def _checked(
 
 def labeller_judge(data_by_domain: dict[str, Any]) -> Judge:
     """A judge backed by :class:`cast_rl.critique.labeller.Labeller` (one per domain's data)."""
-    from cast_rl.critique.context import MALFORMED
-    from cast_rl.critique.labeller import Labeller
-
     labellers = {domain: Labeller(data) for domain, data in data_by_domain.items()}
 
     def judge(traj: Trajectory) -> dict[int, tuple[str, str]]:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from cast_rl.config.schema import CastConfig, ModelConfig
+from cast_rl.models.tiny import corpus_from_paths, make_tiny_model
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +22,6 @@ def ensure_model(model: ModelConfig, corpus_dirs: list[Path] | None = None) -> P
             f"model directory {path} has no config.json; give a local Hugging Face model "
             "directory or set make_tiny_if_missing=true"
         )
-    from cast_rl.models.tiny import corpus_from_paths, make_tiny_model
 
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     make_tiny_model(tmp, model.tiny, seed=model.seed, extra_corpus=corpus_from_paths(corpus_dirs or []))

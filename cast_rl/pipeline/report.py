@@ -22,7 +22,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from cast_rl.eval.critic_heldout import heldout_markdown
+from cast_rl.eval.report import write_report
 from cast_rl.eval.uncertainty import critic_comparisons, interval_metadata, stage_comparisons
+from cast_rl.viewer import build_viewer
+from cast_rl.viewer.sources import ViewerInputError
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +67,6 @@ def headline(report: dict[str, Any]) -> list[str]:
 def write_pipeline_report(
     run_dir: Path, before: Path | None, after: Path | None, heldout: Path | None = None
 ) -> dict[str, Path]:
-    from cast_rl.eval.critic_heldout import heldout_markdown
-    from cast_rl.eval.report import write_report
-
     load = lambda p: json.loads(p.read_text()) if p is not None and p.exists() else None  # noqa: E731
     merged = merge_reports(load(before), load(after))
     viewer = _viewer(run_dir)
@@ -85,9 +86,6 @@ def write_pipeline_report(
 
 def _viewer(run_dir: Path) -> Path | None:
     """Write the run's trajectory viewer under ``report/viewer``; None when there are no episodes."""
-    from cast_rl.viewer import build_viewer
-    from cast_rl.viewer.sources import ViewerInputError
-
     try:
         return build_viewer(run_dir, run_dir / "report" / "viewer")
     except ViewerInputError as exc:  # e.g. a run of the warm-start alone

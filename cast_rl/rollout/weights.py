@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cast_rl.inference.base import Sampling
 from cast_rl.inference.weight_sync import WeightMeta, WeightSyncError, state_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -66,8 +67,6 @@ async def receive(worker: Any, version: int, meta: WeightMeta) -> tuple[int, str
 
 async def greedy_answer(worker: Any, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """The served model's greedy continuation of ``prompt_ids`` (for checks that an update landed)."""
-    from cast_rl.inference.base import Sampling
-
     out = await worker.engine.generate(prompt_ids, Sampling(max_new_tokens=max_new_tokens, temperature=0.0,
                                                             logprobs=False))
     return list(out.token_ids)

@@ -23,9 +23,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from cast_rl.config import ConfigError, load_config
 from cast_rl.critique.context import MALFORMED, iter_actions, tool_history
-from cast_rl.envs.core import DomainData, ToolEnv
+from cast_rl.envs.core import DomainData, ToolEnv, fixed_clock, load_domain_data
 from cast_rl.envs.db import to_hashable
+from cast_rl.envs.setup import data_dir_for
 from cast_rl.envs.types import RESPOND, Action
 
 logger = logging.getLogger(__name__)
@@ -48,10 +50,6 @@ def find_config(root: Path, explicit: Path | None = None) -> Path | None:
 def resolve_data(root: Path, config: Path | None, scratch: tempfile.TemporaryDirectory | None = None,
                  ) -> tuple[dict[str, DomainData], list[str]]:
     """domain -> data of the run at ``root``, and notes on what could not be resolved."""
-    from cast_rl.config import ConfigError, load_config
-    from cast_rl.envs.core import fixed_clock, load_domain_data
-    from cast_rl.envs.setup import data_dir_for
-
     path = find_config(root, config)
     if path is None:
         return {}, [f"no config.json in {root} or its parent (pass --config): final databases are not "

@@ -24,6 +24,8 @@ from cast_rl.envs.users.llm import (
 )
 from cast_rl.envs.users.scripted import ScriptedUser
 from cast_rl.envs.users.traits import Trait
+from cast_rl.inference import build_engine
+from cast_rl.models.setup import ensure_model
 
 __all__ = [
     "USER_BUILDERS",
@@ -76,8 +78,6 @@ def user_engine(cfg: UserConfig, seed: int = 0) -> tuple[Any, Complete | None]:
     """
     if cfg.type != "llm" or cfg.inference.backend != "vllm":
         return None, None
-    from cast_rl.inference import build_engine
-    from cast_rl.models.setup import ensure_model
 
     engine = build_engine(str(ensure_model(cfg.model)), cfg.inference, seed=seed)
     return engine, engine_complete(engine, cfg.inference)

@@ -24,6 +24,7 @@ from typing import Any
 
 from cast_rl.envs.types import Task
 from cast_rl.envs.users.traits import Trait, persona_line
+from cast_rl.inference.base import Sampling
 
 Complete = Callable[[list[dict[str, str]]], Awaitable[str]]
 """An engine call: chat messages in, the next assistant message's text out."""
@@ -104,8 +105,6 @@ class LLMUser:
 def engine_complete(engine: Any, cfg: Any) -> Complete:
     """A ``complete`` callable over an in-process :class:`~cast_rl.inference.InferenceEngine`
     (the user's own vLLM engine), sampling as ``cfg`` (an ``InferenceConfig``) says."""
-    from cast_rl.inference.base import Sampling
-
     sampling = Sampling(
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
         logprobs=False,
