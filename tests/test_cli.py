@@ -41,6 +41,7 @@ CONFIGURED = {
     "rollout": ["rollout", "--out", "o"],
     "label": ["label", "--trajectories", "t", "--out", "o"],
     "blame": ["blame", "--trajectories", "t", "--labels", "l", "--out", "o"],
+    "benefit": ["benefit", "--out", "o"],
     "critic build-data": ["critic", "build-data", "--labels", "l", "--trajectories", "t", "--out", "o"],
     "critic eval": ["critic", "eval", "--data", "d"],
     "eval": ["eval"],

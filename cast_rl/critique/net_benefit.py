@@ -8,13 +8,15 @@ scripted user, the runner's own loop):
 **Net benefit at flagged actions** (:func:`flagged_benefit`).  An episode runs with the critic at
 budget B while the runner keeps a fork of the state at every decision point.  At each decision
 whose first proposal the critic rejected (message ``m``), two branches are played from forks,
-``k`` times each with the same seeds: (a) *proposal*: from the state before ``m`` the rejected
-proposal runs unchecked in the policy's place (:meth:`EpisodeRunner.continue_from` with
-``action=``); (b) *revision*: from the state after the critique (message ``m + 2``) the policy
-revises and the episode goes on as it did.  Per seed, outcome 0 -> 1 (proposal fails, revision
-succeeds) is *helped*, 1 -> 0 *harmed*, equal *unchanged*.  Each flag is grouped by the critic's
-error type, or ``false_positive`` when the privileged labeller (gold actions, the database) judges
-the proposal valid where it ran in branch (a).
+``k`` times each with the same seeds (:meth:`EpisodeRunner.continue_from` with ``action=``):
+(a) *proposal*: from the state before ``m`` the rejected proposal runs in the policy's place;
+(b) *revision*: from the state before the action that finally ran at this decision (after the
+critique, and any further rounds), that action runs, as it did in the episode.  Both branches
+then continue with the policy and no critic, so the comparison isolates this one decision's
+critique from later ones.  Per seed, outcome 0 -> 1 (proposal fails, revision succeeds) is
+*helped*, 1 -> 0 *harmed*, equal *unchanged*.  Each flag is grouped by the critic's error type, or
+``false_positive`` when the privileged labeller (gold actions, the database) judges the proposal
+valid where it ran in branch (a).
 
 **pass^k per token for each budget** (:func:`budget_table`).  Every task runs n trials at each
 budget; pass^k (k = 1..n, :mod:`cast_rl.eval.passk`) is divided by the mean tokens an episode
@@ -128,7 +130,8 @@ class BenefitRecord:
     """The critic's error type on the flag."""
     critic: str
     proposal: dict[str, Any]
-    revision: dict[str, Any] | None
+    revision: dict[str, Any]
+    """The action that finally ran at this decision."""
     proposal_valid: bool | None
     """The privileged labeller's verdict on the proposal where it ran (branch a); None if unknown."""
     k: int = 0
@@ -172,22 +175,26 @@ async def flagged_benefit(
     traj = await runner.run(spec, on_decision=keep if k > 0 else None)
     if k <= 0:
         return traj, []
-    turns = {t.message_index: t for t in traj.policy_turns()}
+    turns = traj.policy_turns()
+    unchecked = EpisodeRunner(runner.cfg, runner.data, runner.engine, None, runner.policy_version,
+                              runner.user_complete)
     records = []
     for m in tree_points(traj, "flagged", runner.data.spec.write_tools):
-        flagged, revised = turns[m], turns.get(m + 2)
-        if flagged.action is None or m not in snapshots or m + 2 not in snapshots:
-            continue
+        flagged = next(t for t in turns if t.message_index == m)
+        revised = next((t for t in turns if t.message_index > m and t.executed), None)
+        if flagged.action is None or revised is None or revised.action is None:
+            continue  # the decision ended the episode (context, timeout) or ran a malformed turn
         critique = next(r["critique"] for r in traj.verification_rounds if r["message_index"] == m)
         record = BenefitRecord(
             runner.budget, spec.split, spec.task_index, spec.trial, m, flagged.error_type or "unknown",
-            critique.get("critic", ""), flagged.action, revised.action if revised else None, None,
+            critique.get("critic", ""), flagged.action, revised.action, None,
         )
         seeds = [branch_seed(seed, ("benefit", *spec.key, m), b) for b in range(k)]
         proposal = Action(flagged.action["name"], dict(flagged.action["kwargs"]))
+        revision = Action(revised.action["name"], dict(revised.action["kwargs"]))
         branches = await asyncio.gather(
-            *(runner.continue_from(snapshots[m], action=proposal, seed=s) for s in seeds),
-            *(runner.continue_from(snapshots[m + 2], seed=s) for s in seeds),
+            *(unchecked.continue_from(snapshots[m], action=proposal, seed=s) for s in seeds),
+            *(unchecked.continue_from(snapshots[revised.message_index], action=revision, seed=s) for s in seeds),
         )
         record.count([is_success(b.reward) for b in branches[:k]], [is_success(b.reward) for b in branches[k:]])
         if labeller is not None:

@@ -19,7 +19,7 @@ from cast_rl.config.schema import LoggingConfig
 
 logger = logging.getLogger(__name__)
 
-NAMESPACES = ("rollout", "critic", "train", "eval", "system", "label", "blame")
+NAMESPACES = ("rollout", "critic", "train", "eval", "system", "label", "blame", "benefit")
 
 
 class MetricsLogger:
