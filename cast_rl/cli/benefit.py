@@ -16,7 +16,7 @@ of ``critic.*`` (in this process; wrapped to add false positives at ``pipeline.b
 At every flagged action both branches (the proposal run unchecked, the revision) continue
 ``pipeline.benefit_k`` times.  ``--out`` gets ``benefit.jsonl`` (one record per flag) and
 ``budgets.json`` (pass^k, tokens and pass^k per 1000 tokens per budget, the chosen budget);
-``benefit/`` metrics go to the metrics logger.  See :mod:`cast_rl.critique.net_benefit`.
+``benefit/`` metrics go to the metrics logger.  See :mod:`cast_rl.eval.net_benefit`.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ def _benefit(args: argparse.Namespace) -> int:
     import asyncio
     from dataclasses import replace
 
-    from cast_rl.critique.net_benefit import measure_benefit
     from cast_rl.critique.service import build_verifier
     from cast_rl.envs.setup import load_env_data
     from cast_rl.envs.users import user_engine
+    from cast_rl.eval.net_benefit import measure_benefit
     from cast_rl.telemetry.metrics import MetricsLogger
 
     cfg = config_from_args(args)

@@ -685,7 +685,7 @@ class PipelineConfig:
     that verified blame checked and did not confirm (needs blame_k > 0; the held-out split is
     kept whole, so held-out metrics compare like with like)."""
     benefit_budgets: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
-    """The critic's net benefit (cast_rl.critique.net_benefit, ``cast-rl benefit``): verification
+    """The critic's net benefit (cast_rl.eval.net_benefit, ``cast-rl benefit``): verification
     budgets compared by pass^k per token; the one maximising it is chosen."""
     benefit_trials: int = 4
     """Trials per task at each budget (the n of pass^k)."""

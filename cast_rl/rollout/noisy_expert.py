@@ -30,7 +30,7 @@ while an alternative is left.  The one alternative it knows is the other allowed
 so a rejected *correct* cancel is revised into a cancel with the reason the user did not give
 (the task then fails), while a rejected wrong cancel is still revised into the right one; any
 other rejected step has no alternative and is proposed again.  This is how a critic's false
-positives harm outcomes (:mod:`cast_rl.critique.net_benefit` measures it); the default teacher,
+positives harm outcomes (:mod:`cast_rl.eval.net_benefit` measures it); the default teacher,
 which repeats a step it knows is right, is immune to them.
 
 The engine speaks token ids like a real one (:class:`~cast_rl.inference.base.InferenceEngine`):

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from cast_rl.critique.net_benefit import (
+from cast_rl.critique.verifier import Critique, RuleVerifier, VerifyRequest
+from cast_rl.eval.net_benefit import (
     FALSE_POSITIVE,
     BenefitRecord,
     FalsePositiveVerifier,
@@ -26,7 +27,6 @@ from cast_rl.critique.net_benefit import (
     choose_budget,
     measure_benefit,
 )
-from cast_rl.critique.verifier import Critique, RuleVerifier, VerifyRequest
 from cast_rl.rollout.noisy_expert import NoisyExpertEngine, draw_error, episode_seed
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 
