@@ -26,11 +26,28 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
+from actors.rollout_group import RolloutGroup
 from cast_rl.config import to_dict
 from cast_rl.config.args import add_config_arguments, parse_config
 from cast_rl.config.schema import CastConfig
-from cast_rl.eval.report import EvalRun
+from cast_rl.critique.service import critic_description
+from cast_rl.envs.setup import episode_units, load_env_data
+from cast_rl.eval.critic import labeller_judge
+from cast_rl.eval.report import (
+    SAMPLE_COLUMNS,
+    EvalRun,
+    build_report,
+    flat_metrics,
+    sample_rows,
+    write_report,
+)
+from cast_rl.models.setup import ensure_policy_model
+from cast_rl.pipeline.context import resolve_critic
 from cast_rl.rollout.trajectory import Trajectory, write_trajectories
+from cast_rl.telemetry import MetricsLogger
+from launchers.cluster import init_ray
 
 logger = logging.getLogger(__name__)
 
@@ -64,27 +81,10 @@ def run_eval(cfg: CastConfig, out_dir: str | Path, group: Any = None) -> dict[st
     pipeline passes its own, serving the current policy weights); it is left running.
     Returns the JSON report (:mod:`cast_rl.eval.report`).
     """
-    from cast_rl.envs.setup import load_env_data
-    from cast_rl.eval.critic import labeller_judge
-    from cast_rl.eval.report import (
-        SAMPLE_COLUMNS,
-        build_report,
-        flat_metrics,
-        sample_rows,
-        write_report,
-    )
-    from cast_rl.models.setup import ensure_policy_model
-    from cast_rl.telemetry import MetricsLogger
-    from launchers.cluster import init_ray
-
     out_dir = Path(out_dir)
     budgets, n = eval_budgets(cfg), eval_trials(cfg)
     if group is None:  # a standalone run serves what the pipeline's later stages would
-        from cast_rl.pipeline.context import resolve_critic
-
         cfg = replace(cfg, critic=resolve_critic(cfg))
-    from cast_rl.critique.service import critic_description
-
     runs = {b: EvalRun(b, [], critiques=0, critic=critic_description(cfg.critic), unparsable=0) for b in budgets}
     paths = {b: out_dir / "trajectories" / f"{run.name}.jsonl" for b, run in runs.items()}
     for path in paths.values():
@@ -115,11 +115,6 @@ def _collect_domain(
     cfg: CastConfig, data: Any, n: int, runs: dict[int, EvalRun], paths: dict[int, Path], group: Any = None
 ) -> None:
     """Run every configuration on one domain through one rollout group (``group`` if given)."""
-    from tqdm import tqdm
-
-    from actors.rollout_group import RolloutGroup
-    from cast_rl.envs.setup import episode_units
-
     splits = cfg.eval.splits or [cfg.env.split]
     units = [u for s in splits for u in episode_units(replace(cfg, env=replace(cfg.env, split=s)), data, trials=n)]
     owned = group is None

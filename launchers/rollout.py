@@ -11,23 +11,22 @@ import logging
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
+from actors.rollout_group import RolloutGroup
 from cast_rl.config.args import add_config_arguments, parse_config
 from cast_rl.config.schema import CastConfig
+from cast_rl.envs.setup import episode_units, load_env_data
+from cast_rl.models.setup import ensure_policy_model
 from cast_rl.rollout.trajectory import Trajectory, write_trajectories
+from cast_rl.telemetry import MetricsLogger
+from launchers.cluster import init_ray
 
 logger = logging.getLogger(__name__)
 
 
 def run_rollout(cfg: CastConfig, out: str | Path, units: list | None = None) -> dict:
     """Collect every selected (task, trial) once; write them as JSON Lines; return a summary."""
-    from tqdm import tqdm
-
-    from actors.rollout_group import RolloutGroup
-    from cast_rl.envs.setup import episode_units, load_env_data
-    from cast_rl.models.setup import ensure_policy_model
-    from cast_rl.telemetry import MetricsLogger
-    from launchers.cluster import init_ray
-
     data = load_env_data(cfg)
     ensure_policy_model(cfg, data)
     init_ray(cfg, parts=("rollout", "critic") if cfg.critic.verification_budget else ("rollout",))
