@@ -52,8 +52,7 @@ from cast_rl.critique.rules import choose, get_rules, to_rationale, visible_find
 from cast_rl.critique.rules.base import Finding
 from cast_rl.envs.core import DomainData, ToolEnv, call_tool
 from cast_rl.envs.db import Database, to_hashable
-from cast_rl.envs.types import Action
-from cast_rl.eval.passk import is_success
+from cast_rl.envs.types import Action, is_success
 from cast_rl.rollout.trajectory import CRITIC_NAME, Trajectory, TrajectoryFormatError
 
 logger = logging.getLogger(__name__)
