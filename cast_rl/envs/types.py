@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,6 +10,20 @@ RESPOND = "respond"
 """Action name of a message to the user (``kwargs={"content": ...}``), as in the source."""
 STOP_TOKEN = "###STOP###"
 """The user simulator's end-of-conversation marker."""
+SUCCESS_TOLERANCE = 1e-6
+"""A reward within this distance of 1 (inclusive) is a success."""
+
+
+def is_success(reward: float) -> bool:
+    """Whether a trial's reward counts as a success (within 1e-6 of 1, bounds included)."""
+    return 1.0 - SUCCESS_TOLERANCE <= reward <= 1.0 + SUCCESS_TOLERANCE
+
+
+def confirmation_text(name: str, kwargs: dict[str, Any]) -> str:
+    """How the expert asks the user to confirm a write, every argument listed (verified blame
+    proposes the same alternative)."""
+    details = json.dumps(kwargs, ensure_ascii=False)
+    return f"I will call {name} with {details}. Do you confirm (yes/no)?"
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUCCESS_TOLERANCE = 1e-6
-"""A reward within this distance of 1 (inclusive) is a success."""
+# the success rule lives with the rewards (cast_rl.envs.types); pass^k reads it from there
+from cast_rl.envs.types import SUCCESS_TOLERANCE as SUCCESS_TOLERANCE
+from cast_rl.envs.types import is_success as is_success
 
 
 class ResultsFormatError(ValueError):
@@ -45,11 +46,6 @@ class TrialResult:
     reward: float
     domain: str = ""
     split: str = ""
-
-
-def is_success(reward: float) -> bool:
-    """Whether a trial's reward counts as a success (within 1e-6 of 1, bounds included)."""
-    return 1.0 - SUCCESS_TOLERANCE <= reward <= 1.0 + SUCCESS_TOLERANCE
 
 
 def pass_hat_k(successes: int, n: int, k: int) -> float:

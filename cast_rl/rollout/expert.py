@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cast_rl.config.schema import CastConfig
-from cast_rl.envs.types import RESPOND, Task
+from cast_rl.envs.types import RESPOND, Task, confirmation_text
 from cast_rl.inference.base import Completion, Sampling
 
 IDENTITY_QUESTION = "Could you give me your email, or your first name, last name and zip code?"
@@ -62,12 +62,6 @@ class ExpertTurn:
 
     kind: str
     text: str
-
-
-def confirmation_text(name: str, kwargs: dict[str, Any]) -> str:
-    """The expert's proposal of a write, every argument listed."""
-    details = json.dumps(kwargs, ensure_ascii=False)
-    return f"I will call {name} with {details}. Do you confirm (yes/no)?"
 
 
 def expert_plan(
