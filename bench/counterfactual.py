@@ -18,6 +18,18 @@ same episodes and the same decision points, measured side by side in one process
 * ``continuation_ms``: playing one branch from the decision point to the end (what both ways
   then pay alike), for scale.
 
+Then the critic's net benefit (:mod:`cast_rl.eval.net_benefit`) on ``--benefit-tasks`` more
+generated cancel tasks: the deferential noisy teacher (one error per episode, its kind drawn per
+episode from ``--benefit-errors``: a wrong cancel reason fails the task unless stopped, a made-up
+order id only wastes a step) with the rule critic wrapped to reject valid proposals at p = 0, 0.1, 0.3, 0.5, budgets
+0..3, ``--benefit-trials`` trials, ``--benefit-k`` continuations per branch at each flag:
+
+* ``harm_by_fp_rate``: branch pairs where the critique turned a success into a failure (the same
+  episodes and seeds at every p), ``harm_rate_by_fp_rate`` the same over all branch pairs;
+* ``budget_by_fp_rate``: the budget maximising pass^1 per token;
+* ``benefit_by_type_p0``: helped / harmed / unchanged per error type without false positives;
+* ``passk_per_1k_tokens_by_fp_rate``: pass^1 per 1000 tokens (policy + critique text) per budget.
+
 Every number is the median over ``--repeats`` runs of the same work.  The last line of stdout
 is one JSON object with the numbers.
 """
@@ -39,10 +51,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from cast_rl.config import load_config  # noqa: E402
+from cast_rl.critique.verifier import RuleVerifier  # noqa: E402
 from cast_rl.envs.core import load_domain_data  # noqa: E402
 from cast_rl.envs.generate import write_retail  # noqa: E402
+from cast_rl.eval.net_benefit import measure_benefit  # noqa: E402
 from cast_rl.models.tiny import corpus_from_paths, train_tokenizer  # noqa: E402
-from cast_rl.rollout.noisy_expert import NoisyExpertEngine  # noqa: E402
+from cast_rl.rollout.noisy_expert import NoisyExpertEngine, draw_error, episode_seed  # noqa: E402
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec, EpisodeState  # noqa: E402
 
 
@@ -71,7 +85,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--benefit-tasks", type=int, default=40)
+    parser.add_argument("--benefit-trials", type=int, default=2)
+    parser.add_argument("--benefit-k", type=int, default=2)
+    parser.add_argument("--benefit-errors", default="wrong_argument,fabricated_id")
     args = parser.parse_args()
+    started = time.perf_counter()
 
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp) / "retail"
@@ -112,7 +131,57 @@ def main() -> None:
         "prefix_messages_last_write": round(statistics.fmean(prefix_msgs), 1),
         "continuation_ms": round(statistics.fmean(cont_ms), 3),
     }
+    out.update(_benefit(args))
+    out["wall_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(out))
+
+
+FP_RATES = (0.0, 0.1, 0.3, 0.5)
+
+
+def _benefit(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = Path(tmp) / "retail"
+        write_retail(data_dir, seed=1, num_tasks=args.benefit_tasks, kinds=("cancel",), compact=True)
+        data = load_domain_data("retail", data_dir)
+        tok = train_tokenizer(corpus_from_paths([data_dir]), 4096)
+        tasks = list(range(len(data.tasks("train"))))
+        harm, harm_rate, budget, per_token, by_type = {}, {}, {}, {}, {}
+        for p in FP_RATES:
+            cfg = load_config(None, [
+                f"env.data_dir={data_dir}", "env.split=train", "env.max_steps=12", "pipeline.benefit_error_rate=1.0",
+                "pipeline.benefit_budgets=[0,1,2,3]", f"pipeline.benefit_errors=[{args.benefit_errors}]", f"pipeline.benefit_trials={args.benefit_trials}",
+                f"pipeline.benefit_k={args.benefit_k}", f"pipeline.benefit_fp_rate={p}",
+            ])
+            kinds = tuple(cfg.pipeline.benefit_errors)
+
+            def engine_for(spec: EpisodeSpec, cfg: Any = cfg, kinds: tuple[str, ...] = kinds) -> NoisyExpertEngine:
+                error = draw_error(episode_seed(cfg.seed, spec.key), cfg.pipeline.benefit_error_rate, kinds)
+                task = data.task(spec.split, spec.task_index)
+                return NoisyExpertEngine(tok, task, data.spec.write_tools, error, defers=True)
+
+            verifier = RuleVerifier({data.domain: data.tools})
+            report = asyncio.run(measure_benefit(cfg, data, tasks, engine_for, verifier, tok))
+            m, key = report.metrics, str(p)
+            harm[key], harm_rate[key] = int(m["benefit/harmed"]), round(m["benefit/harm_rate"], 4)
+            budget[key] = report.chosen_budget
+            per_token[key] = {str(b): round(row["passk_per_1k_tokens"]["1"], 3) for b, row in report.budgets.items()}
+            if p == 0.0:
+                by_type = {
+                    name.split("/")[2]: {
+                        c: int(m[f"benefit/type/{name.split('/')[2]}/{c}"]) for c in ("helped", "harmed", "unchanged")
+                    }
+                    for name in m if name.startswith("benefit/type/") and name.endswith("/flags")
+                }
+    return {
+        "benefit_episodes_per_budget": len(tasks) * args.benefit_trials,
+        "harm_by_fp_rate": harm,
+        "harm_rate_by_fp_rate": harm_rate,
+        "budget_by_fp_rate": budget,
+        "benefit_by_type_p0": by_type,
+        "passk_per_1k_tokens_by_fp_rate": per_token,
+        "critic_tokens": "critique_text",
+    }
 
 
 if __name__ == "__main__":
