@@ -140,9 +140,17 @@ class LearnerGroup:
         self.version = versions[0]
         logger.info("learner group: %d workers, rendezvous %s:%d", n, addr, port)
 
+    @property
+    def world_size(self) -> int:
+        return len(self.workers)
+
     def train_step(self, samples: list[Sample]) -> dict[str, float]:
         """One optimizer step on a global batch, split over the workers by token count."""
-        shards = shard(samples, len(self.workers))
+        return self.train_shards(shard(samples, len(self.workers)))
+
+    def train_shards(self, shards: list[Any]) -> dict[str, float]:
+        """One optimizer step, rank ``r`` on ``shards[r]`` (samples, or an object reference Ray
+        resolves in the worker: the replay buffer's draw goes there without the driver)."""
         results = ray.get([w.train_step.remote(s) for w, s in zip(self.workers, shards)])
         self.version = int(results[0]["policy_version"])
         return results[0]

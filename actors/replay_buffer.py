@@ -12,6 +12,8 @@ from typing import Any
 import ray
 
 from cast_rl.config.schema import ReplayBufferConfig
+from cast_rl.learner.batch import shard
+from cast_rl.learner.loop import batch_metrics
 from cast_rl.learner.sample import Sample
 from cast_rl.replay.buffer import AddResult, ReplayBuffer
 
@@ -31,6 +33,12 @@ class ReplayBufferActor:
 
     def sample(self, n: int, learner_version: int | None = None, timeout_s: float | None = None) -> list[Sample]:
         return self.buffer.sample(n, learner_version, timeout_s)
+
+    def draw(self, n: int, learner_version: int, timeout_s: float | None, shards: int) -> tuple[Any, ...]:
+        """``sample``, then the batch's metrics and its ``shards`` token-balanced parts, each its
+        own return value (called with ``num_returns=shards + 1``: one object reference each)."""
+        batch = self.buffer.sample(n, learner_version, timeout_s)
+        return (batch_metrics(batch, learner_version), *shard(batch, shards))
 
     def set_learner_version(self, version: int) -> None:
         self.buffer.set_learner_version(version)
@@ -66,6 +74,13 @@ class ReplayBufferClient:
 
     def sample(self, n: int, learner_version: int | None = None, timeout_s: float | None = None) -> list[Sample]:
         return ray.get(self.handle.sample.remote(n, learner_version, timeout_s))
+
+    def draw(self, n: int, learner_version: int, shards: int,
+             timeout_s: float | None = None) -> tuple[dict[str, float], list[Any]]:
+        """Draw a global batch in the actor: its metrics here, its ``shards`` parts as object
+        references a learner group's ranks fetch from the object store themselves."""
+        refs = self.handle.draw.options(num_returns=shards + 1).remote(n, learner_version, timeout_s, shards)
+        return ray.get(refs[0]), list(refs[1:])
 
     def set_learner_version(self, version: int) -> None:
         ray.get(self.handle.set_learner_version.remote(version))

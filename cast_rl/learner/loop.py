@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from cast_rl.config.schema import CastConfig
 from cast_rl.inference.weight_sync import state_checksum
@@ -59,6 +59,24 @@ class Learner(Protocol):
     def publish_weights(self) -> tuple[int, Any, str]: ...
     def save_checkpoint(self, path: str | Path) -> None: ...
     def load_checkpoint(self, path: str | Path, version: int) -> None: ...
+
+
+@runtime_checkable
+class ShardDrawer(Protocol):
+    """A replay buffer that draws a global batch where it lives, already split into
+    ``shards`` parts: returns the batch's :func:`batch_metrics` and one handle per shard (the
+    Ray buffer's object references), so the samples never pass through the driver."""
+
+    def draw(self, n: int, learner_version: int, shards: int) -> tuple[dict[str, float], list[Any]]: ...
+
+
+@runtime_checkable
+class ShardLearner(Protocol):
+    """A learner whose ranks each take their shard of a global batch by handle."""
+
+    world_size: int
+
+    def train_shards(self, shards: list[Any]) -> dict[str, float]: ...
 
 
 class LocalLearner:
@@ -208,10 +226,18 @@ class TrainLoop:
         """Draw a global batch (``size`` samples, default the configured one) and take one step."""
         t0 = time.perf_counter()
         version = self.learner.version
-        batch = self.buffer.sample(size or self.cfg.learner.global_batch_size, version)
-        wait_s = time.perf_counter() - t0
-        out = batch_metrics(batch, version)
-        out.update({f"train/{k}": v for k, v in self.learner.train_step(batch).items()})
+        n = size or self.cfg.learner.global_batch_size
+        if isinstance(self.buffer, ShardDrawer) and isinstance(self.learner, ShardLearner):
+            # buffer -> learner ranks directly (object references); the driver sees the metrics
+            out, shards = self.buffer.draw(n, version, self.learner.world_size)
+            wait_s = time.perf_counter() - t0
+            step = self.learner.train_shards(shards)
+        else:
+            batch = self.buffer.sample(n, version)
+            wait_s = time.perf_counter() - t0
+            out = batch_metrics(batch, version)
+            step = self.learner.train_step(batch)
+        out.update({f"train/{k}": v for k, v in step.items()})
         self.buffer.set_learner_version(self.learner.version)  # producers see it before the sync
         out["train/batch_wait_s"] = wait_s
         return out

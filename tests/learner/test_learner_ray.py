@@ -106,6 +106,40 @@ def test_replay_buffer_actor_serves_blocking_draws_while_adding(ray_cluster: Non
     assert buf.snapshot()["consumed"] == 2 and buf.cursor() == 1
 
 
+def test_a_drawn_batch_goes_from_the_buffer_actor_to_the_ranks_not_through_the_driver(
+    ray_cluster: None, make_cfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from actors.learner import LearnerGroup
+    from actors.replay_buffer import ReplayBufferClient
+    from cast_rl.learner.loop import TrainLoop, batch_metrics
+
+    common = ("learner.micro_batch_size=2", "learner.global_batch_size=12", "algorithm.old_logprobs=rollout",
+              "learner.lr=1e-2", "learner.num_cpus_per_worker=0.5")
+    cfg = make_cfg(*common, "learner.num_workers=2")
+    group, single = LearnerGroup(cfg), LearnerEngine(make_cfg(*common, "learner.num_workers=1"))
+    buf = ReplayBufferClient(cfg.replay, tmp_path / "log.jsonl", batch_size=12)
+    # the train loop must not fetch the batch into the driver
+    monkeypatch.setattr(ReplayBufferClient, "sample", lambda *a, **k: pytest.fail("batch fetched by the driver"))
+    try:
+        batch = _batch(0)
+        assert buf.add(batch).accepted == 12
+        loop = TrainLoop(cfg, None, group, buf, tasks=[0], split="toy")  # type: ignore[arg-type]
+        out = loop.update()
+        one = single.train_step(batch)
+        for key in ("loss", "pg_loss", "supervised_loss", "grad_norm"):
+            assert out[f"train/{key}"] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
+        expected = batch_metrics(batch, 0)  # computed where the batch is (the buffer actor)
+        assert {k: out[k] for k in expected} == pytest.approx(expected)
+        assert group.version == 1 and buf.cursor() == 1
+        # the shards themselves are object references the ranks resolve
+        assert buf.add(_batch(1)).accepted == 12
+        metrics, shards = buf.draw(12, 1, group.world_size)
+        assert len(shards) == 2 and all(isinstance(r, ray.ObjectRef) for r in shards)
+        assert metrics["train/samples"] == 12 and sum(len(part) for part in ray.get(shards)) == 12
+    finally:
+        group.shutdown()
+
+
 def test_weight_broadcast_group_over_gloo(ray_cluster: None) -> None:
     """The NCCL sync path's logic, run on its gloo backend: metadata, order, checksum, versions."""
     import socket
