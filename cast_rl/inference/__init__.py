@@ -1,6 +1,7 @@
 """Inference engines (vLLM, OpenAI-compatible) behind one interface."""
 
 from cast_rl.inference.base import Completion, GenerationTimeout, InferenceEngine, Sampling
+from cast_rl.inference.expert import ExpertPolicy
 
 __all__ = ["Completion", "GenerationTimeout", "InferenceEngine", "Sampling", "build_engine"]
 
@@ -18,7 +19,5 @@ def build_engine(model_path: str, cfg, seed: int = 0, dtype: str | None = None) 
 
         return OpenAIEngine(model_path, cfg)
     if cfg.backend == "expert":  # a policy of its own: only the tokenizer is loaded
-        from cast_rl.rollout.expert import ExpertPolicy
-
         return ExpertPolicy(model_path)
     raise ValueError(f"inference.backend={cfg.backend!r} is not allowed; choose vllm, openai or expert")

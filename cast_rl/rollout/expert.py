@@ -29,6 +29,7 @@ from typing import Any
 from cast_rl.config.schema import CastConfig
 from cast_rl.envs.types import RESPOND, Task, confirmation_text
 from cast_rl.inference.base import Completion, Sampling
+from cast_rl.inference.expert import ExpertPolicy as ExpertPolicy  # the engine build_engine returns
 
 IDENTITY_QUESTION = "Could you give me your email, or your first name, last name and zip code?"
 """The retail (and generated retail) identity question; the warm-start teaches this text."""
@@ -194,32 +195,6 @@ class ExpertEngine:
     def fork(self) -> ExpertEngine:
         """A copy with its own progress (a counterfactual branch continues from it)."""
         return copy.copy(self)
-
-    async def close(self) -> None:
-        return None
-
-
-class ExpertPolicy:
-    """What ``build_engine`` returns for ``inference.backend=expert``: the tokenizer, no model.
-
-    The runner binds an :class:`ExpertEngine` per episode (:func:`expert_engine`); this object
-    itself generates nothing.
-    """
-
-    def __init__(self, model_path: str) -> None:
-        from transformers import AutoTokenizer
-
-        self.model_path = model_path
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-
-    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
-        raise RuntimeError(
-            "inference.backend=expert plays per episode: EpisodeRunner binds an ExpertEngine "
-            "to each task; this engine generates nothing itself"
-        )
-
-    async def chat(self, messages, sampling, tools=None):
-        raise NotImplementedError("the expert only serves token prompts")
 
     async def close(self) -> None:
         return None
