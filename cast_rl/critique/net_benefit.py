@@ -172,7 +172,7 @@ async def flagged_benefit(
     traj = await runner.run(spec, on_decision=keep if k > 0 else None)
     if k <= 0:
         return traj, []
-    turns = {t.message_index: t for t in traj.policy_turns()}
+    turns = {t.message_index: t for t in traj.turns}
     records = []
     for m in tree_points(traj, "flagged", runner.data.spec.write_tools):
         flagged, revised = turns[m], turns.get(m + 2)

@@ -22,7 +22,7 @@ import logging
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -55,7 +55,8 @@ class EpisodeSpec:
 
 @dataclass
 class RunnerStats:
-    """Counters a rollout worker reports as ``rollout/`` metrics."""
+    """Counters a rollout worker reports as ``rollout/`` metrics, summed over the trajectories
+    the runner recorded (:meth:`add`)."""
 
     episodes: int = 0
     policy_tokens: int = 0
@@ -65,6 +66,17 @@ class RunnerStats:
     critiques: int = 0
     inconsistent_token_episodes: int = 0
     terminations: dict[str, int] = field(default_factory=dict)
+
+    def add(self, traj: Trajectory) -> None:
+        self.episodes += 1
+        self.policy_tokens += traj.policy_tokens
+        self.prompt_tokens += traj.prompt_tokens
+        self.malformed_calls += traj.malformed_calls
+        self.extra_calls_dropped += traj.extra_calls_dropped
+        self.critiques += sum(1 for t in traj.turns if t.verdict is not None)
+        self.inconsistent_token_episodes += 0 if traj.info.get("tokens_consistent", True) else 1
+        termination = traj.info.get("termination", "")
+        self.terminations[termination] = self.terminations.get(termination, 0) + 1
 
 
 @dataclass
@@ -83,9 +95,6 @@ class EpisodeState:
     versions: set[int]
     rounds: list[VerificationRound] = field(default_factory=list)
     turns: list[PolicyTurn] = field(default_factory=list)
-    counters: dict[str, int] = field(
-        default_factory=lambda: {"malformed_calls": 0, "extra_calls_dropped": 0, "prompt_tokens": 0}
-    )
     steps: int = 0
     """Actions taken (tool calls, messages to the user, malformed turns)."""
     round_index: int = 0
@@ -106,7 +115,6 @@ class EpisodeState:
             self, episode=self.episode.fork(), engine=fork_engine() if fork_engine else self.engine,
             conv=self.conv.fork(), versions=set(self.versions),
             rounds=[replace(r) for r in self.rounds], turns=[replace(t) for t in self.turns],
-            counters=dict(self.counters),
         )
 
 
@@ -395,21 +403,21 @@ class EpisodeRunner:
                 return None, "context_overflow"
             if on_decision is not None:
                 on_decision(state)
-            state.counters["prompt_tokens"] += len(conv)
+            prompt_tokens = len(conv)
             completion = await state.engine.generate(conv.token_ids, state.sampling)
             state.versions.add(self.policy_version())
             message, parsed = conv.add_policy_turn(completion)
-            action = _to_action(parsed, state.counters)
+            action = _to_action(parsed)
             turn = PolicyTurn(len(conv.messages) - 1, *conv.last_span,
                               action.to_json() if isinstance(action, Action) else None,
-                              action if isinstance(action, str) else None)
+                              action if isinstance(action, str) else None,
+                              prompt_tokens=prompt_tokens, dropped_calls=max(0, len(parsed.tool_calls) - 1))
             state.turns.append(turn)
             self._note_revision(state, action)
             if isinstance(action, str) or state.round_index >= self.budget:
                 state.round_index = 0
                 return action, message
             (critique,) = await self.verifier.verify([self._request(conv, action)])
-            self.stats.critiques += 1
             turn.verdict, turn.error_type = critique.verdict, critique.error_type
             if critique.verdict != "invalid":
                 state.round_index = 0
@@ -447,33 +455,22 @@ class EpisodeRunner:
         )
 
     def _record(self, state: EpisodeState) -> Trajectory:
-        s, conv, counters = self.stats, state.conv, state.counters
-        s.episodes += 1
-        s.policy_tokens += conv.policy_tokens
-        s.prompt_tokens += counters["prompt_tokens"]
-        s.malformed_calls += counters["malformed_calls"]
-        s.extra_calls_dropped += counters["extra_calls_dropped"]
-        s.inconsistent_token_episodes += 0 if conv.consistent else 1
-        s.terminations[state.termination] = s.terminations.get(state.termination, 0) + 1
-        spec = state.spec
-        return Trajectory(
+        conv, spec = state.conv, state.spec
+        traj = Trajectory(
             domain=self.data.spec.name, split=spec.split, task_index=spec.task_index,
             trial=spec.trial, reward=state.reward, policy_version=min(state.versions),
             messages=conv.messages, token_ids=conv.token_ids, loss_mask=conv.loss_mask,
             logprobs=conv.logprobs,
-            verification_rounds=[asdict(r) for r in state.rounds],
-            turns=[asdict(t) for t in state.turns],
+            verification_rounds=list(state.rounds), turns=list(state.turns),
             info={
                 "termination": state.termination,
                 "policy_versions": sorted(state.versions),
-                "policy_tokens": conv.policy_tokens,
-                "prompt_tokens": counters["prompt_tokens"],
-                "malformed_calls": counters["malformed_calls"],
-                "extra_calls_dropped": counters["extra_calls_dropped"],
                 "tokens_consistent": conv.consistent,
                 "wall_s": round(time.perf_counter() - state.started, 4),
             },
         )
+        self.stats.add(traj)
+        return traj
 
 
 def _keep_first(snapshots: dict[int, EpisodeState], state: EpisodeState) -> None:
@@ -483,14 +480,14 @@ def _keep_first(snapshots: dict[int, EpisodeState], state: EpisodeState) -> None
 
 def env_steps(traj: Trajectory) -> int:
     """Actions the episode took (tool calls, replies, malformed turns): its environment steps."""
-    return sum(1 for t in traj.policy_turns() if t.executed)
+    return sum(1 for t in traj.turns if t.executed)
 
 
 def tree_points(traj: Trajectory, points: str, write_tools: frozenset[str] | set[str]) -> list[int]:
     """Message indices of the decision points to branch from: before each write that ran
     (``writes``), before each decision whose first proposal the critic rejected (``flagged``),
     or before every turn that ran (``all``)."""
-    turns = traj.policy_turns()
+    turns = traj.turns
     if points == "writes":
         return [t.message_index for t in turns if t.executed and t.action and t.action["name"] in write_tools]
     if points == "flagged":
@@ -520,8 +517,8 @@ class _Recorded:
     def __init__(self, traj: Trajectory, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self._traj = traj
-        self._turns = traj.policy_turns()
-        self._rejections = iter(r["critique"] for r in traj.verification_rounds)
+        self._turns = traj.turns
+        self._rejections = iter(r.critique for r in traj.verification_rounds)
         self._next = 0
         self.checked = any(t.verdict is not None for t in self._turns)
 
@@ -552,16 +549,14 @@ class _StepTimeout(Exception):
         self.reason = reason
 
 
-def _to_action(parsed: Any, counters: dict[str, int]) -> Action | str:
-    """The action a parsed turn stands for, or an error observation for a malformed one."""
+def _to_action(parsed: Any) -> Action | str:
+    """The action a parsed turn stands for (its first call: the source runs one per turn), or an
+    error observation for a malformed one."""
     if parsed.tool_calls:
-        counters["extra_calls_dropped"] += len(parsed.tool_calls) - 1  # the source runs the first
         call = parsed.tool_calls[0]
         return Action(name=call["name"], kwargs=call["arguments"])
     if parsed.errors:
-        counters["malformed_calls"] += 1
         return f"Error: malformed tool call: {'; '.join(parsed.errors)}. {MALFORMED_HINT}"
     if not parsed.content:
-        counters["malformed_calls"] += 1
         return f"Error: empty response. Reply to the user or call a tool. {MALFORMED_HINT}"
     return Action(name=RESPOND, kwargs={"content": parsed.content})

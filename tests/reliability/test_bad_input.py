@@ -278,11 +278,11 @@ def test_runner_records_huge_empty_and_non_utf8_completions(kind: str, runner_se
     elif kind == "not_utf8":  # replacement characters are text: a message to the user
         assert "\ufffd" in policy_turns[0]["content"]
         assert [m["role"] for m in traj.messages[:4]] == ["system", "user", "assistant", "user"]
-        assert traj.info["malformed_calls"] == 0
+        assert traj.malformed_calls == 0
     else:  # each empty turn is an error observation the policy can learn from
         assert traj.info["termination"] == "max_steps"
-        assert traj.info["malformed_calls"] == 3
-    assert sum(traj.loss_mask) == traj.info["policy_tokens"]
+        assert traj.malformed_calls == 3
+    assert sum(traj.loss_mask) == traj.policy_tokens
     path = tmp_path / "t.jsonl"
     write_trajectories(path, [traj])  # survives the file format
     assert read_trajectories(path)[0].to_json() == traj.to_json()
