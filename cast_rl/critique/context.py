@@ -21,6 +21,7 @@ from datetime import date, timedelta
 from functools import cached_property
 from typing import Any
 
+from cast_rl.models.chat import call_arguments
 from cast_rl.rollout.trajectory import CRITIC_NAME
 
 RESPOND = "respond"
@@ -97,16 +98,9 @@ def is_error(output: str) -> bool:
 
 
 def parse_arguments(raw: Any) -> tuple[dict[str, Any], bool]:
-    """Tool-call arguments as a dict and whether they parsed."""
-    if isinstance(raw, dict):
-        return dict(raw), True
-    if raw is None or (isinstance(raw, str) and not raw.strip()):
-        return {}, True
-    try:
-        value = json.loads(raw)
-    except (TypeError, ValueError):
-        return {}, False
-    return (value, True) if isinstance(value, dict) else ({}, False)
+    """Tool-call arguments as a dict and whether they parsed (:func:`~cast_rl.models.chat.call_arguments`)."""
+    kwargs = call_arguments(raw)
+    return ({}, False) if isinstance(kwargs, str) else (kwargs, True)
 
 
 def iter_actions(messages: list[dict[str, Any]]) -> Iterator[ActionRef]:

@@ -37,6 +37,7 @@ from cast_rl.envs.db import Database
 from cast_rl.envs.domain import DomainSpec, get_domain, tool_name
 from cast_rl.envs.types import RESPOND, STOP_TOKEN, Action, StepResult, Task
 from cast_rl.envs.users.base import UserSimulator
+from cast_rl.models.chat import call_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -164,16 +165,8 @@ def parse_tool_call(name: Any, arguments: str | Mapping[str, Any] | None) -> Act
     """
     if not isinstance(name, str):
         return f"Error: the tool name must be a string, got {type(name).__name__}"
-    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
-        return Action(name=name, kwargs={})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except (ValueError, RecursionError) as exc:
-            return f"Error: the tool arguments are not valid JSON: {exc}"
-    if not isinstance(arguments, Mapping):
-        return f"Error: the tool arguments must be a JSON object, got {type(arguments).__name__}"
-    return Action(name=name, kwargs=dict(arguments))
+    kwargs = call_arguments(arguments)
+    return f"Error: {kwargs}" if isinstance(kwargs, str) else Action(name=name, kwargs=kwargs)
 
 
 def _oversize(kwargs: Mapping[Any, Any]) -> str | None:

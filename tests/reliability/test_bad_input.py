@@ -211,7 +211,7 @@ def test_parse_assistant_matches_the_regex_formulation(text: str) -> None:
         ("<tool_call>" * 10_000, 0, "unterminated <tool_call> block"),  # linear, not quadratic
         ('<tool_call>{"name": "a", "arguments": {}}</tool_call>' * 2_000, 2_000, None),
         (f'<tool_call>{{"name": "a", "arguments": {DEEP}}}</tool_call>', 0, "not valid JSON"),
-        ('<tool_call>{"name": "a", "arguments": "' + DEEP + '"}</tool_call>', 0, "not a JSON object"),
+        ('<tool_call>{"name": "a", "arguments": "' + DEEP + '"}</tool_call>', 0, "not valid JSON"),
         ("\ufffd\ufffd<tool_call>\ufffd</tool_call>", 0, "not valid JSON"),
     ],
     ids=["empty", "100k_plain", "10k_open_tags", "2k_calls", "deep_json", "deep_string_args", "replacement_chars"],
