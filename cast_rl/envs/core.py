@@ -21,6 +21,7 @@ work bounded, and a call slower than ``tool_timeout_s`` is logged.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import functools
 import json
@@ -328,6 +329,22 @@ class ToolEnv:
         return reward, info
 
 
+class StepTimeout(Exception):
+    """A tool or the user did not answer within its timeout; ``reason`` says which
+    (``tool_timeout`` or ``user_timeout``)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+async def _within(work: Any, timeout_s: float | None, reason: str) -> Any:
+    try:
+        return await asyncio.wait_for(work, timeout_s)
+    except asyncio.TimeoutError:
+        raise StepTimeout(reason) from None
+
+
 class Episode:
     """A :class:`ToolEnv` plus a simulated user: the async interface rollouts drive."""
 
@@ -367,13 +384,23 @@ class Episode:
             observe(child.env.db)
         return child
 
-    async def step(self, action: Action) -> StepResult:
-        """A tool call runs in the env; a ``respond`` is answered by the user."""
+    async def step(
+        self, action: Action, tool_timeout_s: float | None = None, user_timeout_s: float | None = None,
+    ) -> StepResult:
+        """A tool call runs in the env; a ``respond`` is answered by the user.
+
+        With ``tool_timeout_s`` the tool runs in a worker thread and the episode stops waiting
+        after that long (a hung tool, e.g. on pathological arguments, cannot be interrupted; it
+        works on this episode's private fork only); ``user_timeout_s`` bounds the user's reply.
+        Either raises :class:`StepTimeout`.
+        """
         if action.name != RESPOND:
-            return self.env.step(action)
+            if tool_timeout_s is None:
+                return self.env.step(action)
+            return await _within(asyncio.to_thread(self.env.step, action), tool_timeout_s, "tool_timeout")
         observation, _ = self.env.apply(action)
         content = _respond_content(action)
         if content is None:
             return self.env.settle(observation, False, source=RESPOND)
-        reply = await self.user.step(content)
+        reply = await _within(self.user.step(content), user_timeout_s, "user_timeout")
         return self.env.settle(reply, STOP_TOKEN in reply, source="user")

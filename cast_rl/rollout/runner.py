@@ -28,7 +28,7 @@ from typing import Any
 
 from cast_rl.config.schema import CastConfig
 from cast_rl.critique.service import CriticUnavailable
-from cast_rl.envs.core import DomainData, Episode
+from cast_rl.envs.core import DomainData, Episode, StepTimeout
 from cast_rl.envs.types import RESPOND, Action
 from cast_rl.envs.users import build_user
 from cast_rl.inference.base import Completion, GenerationTimeout, InferenceEngine, Sampling
@@ -337,7 +337,7 @@ class EpisodeRunner:
         except CriticUnavailable as exc:  # every retry and fail-over of the critic failed
             logger.warning("episode %s: %s", state.spec.key, exc)
             state.termination = "critic_unavailable"
-        except _StepTimeout as exc:
+        except StepTimeout as exc:
             state.termination = exc.reason
         except asyncio.TimeoutError:  # the user's opening message
             state.termination = "user_timeout"
@@ -351,7 +351,8 @@ class EpisodeRunner:
             error = {"role": "tool", "tool_call_id": "invalid", "content": action}
             state.conv.add_context([error], generation_prompt=more)
             return False
-        result = await self._execute(state.episode, action)
+        # a hung tool or user ends the episode as a recorded tool_timeout / user_timeout
+        result = await state.episode.step(action, self.cfg.env.tool_timeout_s, self.cfg.user.timeout_s)
         if action.name == RESPOND:
             reply = {"role": "user", "content": result.observation}
         else:
@@ -426,25 +427,6 @@ class EpisodeRunner:
             state.rounds.append(VerificationRound(len(conv.messages) - 1, action.to_json(), critique.to_json()))
             conv.add_context([{"role": "user", "name": CRITIC_NAME, "content": critique.text}])
             state.round_index += 1
-
-    async def _execute(self, episode: Episode, action: Action):  # noqa: ANN202
-        """Run one action with its timeout: the user's turn, or the tool in a worker thread.
-
-        A tool that hangs (pathological arguments) cannot be interrupted, but the episode stops
-        waiting for it and ends as a recorded ``tool_timeout``; the thread works on this
-        episode's private fork only.
-        """
-        if action.name == RESPOND:
-            try:
-                return await asyncio.wait_for(episode.step(action), self.cfg.user.timeout_s)
-            except asyncio.TimeoutError:
-                raise _StepTimeout("user_timeout") from None
-        try:
-            return await asyncio.wait_for(
-                asyncio.to_thread(episode.env.step, action), self.cfg.env.tool_timeout_s
-            )
-        except asyncio.TimeoutError:
-            raise _StepTimeout("tool_timeout") from None
 
     def _request(self, conv: ConversationTokens, action: Action):  # noqa: ANN202
         from cast_rl.critique.verifier import VerifyRequest
@@ -541,12 +523,6 @@ class _Recorded:
         if t.executed:
             return [Critique(verdict=t.verdict, error_type=t.error_type or "none")]
         return [Critique(**next(self._rejections))]
-
-
-class _StepTimeout(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 def _to_action(parsed: Any) -> Action | str:
