@@ -106,7 +106,7 @@ def main() -> None:
             snapshots: dict[int, EpisodeState] = {}
             spec = EpisodeSpec("train", task, 0)
             traj = asyncio.run(runner.run(spec, on_decision=partial(_keep, snapshots)))
-            writes = [t.message_index for t in traj.policy_turns()
+            writes = [t.message_index for t in traj.turns
                       if t.action and t.action["name"] in data.spec.write_tools]
             for index, snapshot in sorted(snapshots.items()):
                 f = _median_ms(snapshot.fork, args.repeats)

@@ -97,7 +97,7 @@ async def main(args: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         trajs = await r.run_many(specs, concurrency=concurrency)
         elapsed = time.perf_counter() - t0
-        tokens = sum(t.info["policy_tokens"] for t in trajs)
+        tokens = sum(t.policy_tokens for t in trajs)
         return tokens / elapsed, tokens
 
     tps_32, tokens_32 = await timed_runner(32, Recording())

@@ -120,7 +120,7 @@ def _rollout_summary(trajs: list[Trajectory]) -> dict[str, Any]:
         "reward_mean": sum(t.reward for t in trajs) / n,
         "critique_rounds": len(rounds),
         "episodes_with_critique": sum(1 for t in trajs if t.verification_rounds),
-        "policy_tokens": sum(t.info.get("policy_tokens", 0) for t in trajs),
+        "policy_tokens": sum(t.policy_tokens for t in trajs),
     }
 
 

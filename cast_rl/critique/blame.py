@@ -76,7 +76,7 @@ def privileged_correction(data: DomainData, traj: Trajectory, message_index: int
     task = data.task(traj.split, traj.task_index)
     gold = [a for a in task.actions if a.name != RESPOND]
     done = 0
-    for turn in traj.policy_turns():
+    for turn in traj.turns:
         if turn.message_index >= message_index or done >= len(gold):
             break
         if not turn.executed or turn.action is None:
@@ -151,7 +151,7 @@ async def verify_blame(
     for index, traj in items:
         if is_success(traj.reward):
             continue
-        executed = {t.message_index for t in traj.policy_turns() if t.executed}
+        executed = {t.message_index for t in traj.turns if t.executed}
         jobs += [check(index, traj, lab) for lab in by_traj.get(index, []) if lab["message_index"] in executed]
     records = await asyncio.gather(*jobs)
     return sorted(records, key=lambda r: (r.trajectory_index, r.message_index))

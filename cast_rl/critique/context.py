@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from functools import cached_property
 from typing import Any
 
+from cast_rl.models.chat import call_arguments
 from cast_rl.rollout.trajectory import CRITIC_NAME
 
 RESPOND = "respond"
@@ -97,33 +98,32 @@ def is_error(output: str) -> bool:
 
 
 def parse_arguments(raw: Any) -> tuple[dict[str, Any], bool]:
-    """Tool-call arguments as a dict and whether they parsed."""
-    if isinstance(raw, dict):
-        return dict(raw), True
-    if raw is None or (isinstance(raw, str) and not raw.strip()):
-        return {}, True
-    try:
-        value = json.loads(raw)
-    except (TypeError, ValueError):
-        return {}, False
-    return (value, True) if isinstance(value, dict) else ({}, False)
+    """Tool-call arguments as a dict and whether they parsed (:func:`~cast_rl.models.chat.call_arguments`)."""
+    kwargs = call_arguments(raw)
+    return ({}, False) if isinstance(kwargs, str) else (kwargs, True)
 
 
-def iter_actions(messages: list[dict[str, Any]]) -> Iterator[ActionRef]:
+def iter_actions(messages: list[dict[str, Any]], malformed: Collection[int] | None = None) -> Iterator[ActionRef]:
     """Every assistant action in order: each tool call, and each text-only message.
 
-    A text-only message answered by a tool message is a tool call the policy wrote but that
-    could not be parsed (the rollout records the parse error as the tool output): it is the
-    action :data:`MALFORMED`.
+    A text-only message the policy meant as a tool call that could not be parsed is the action
+    :data:`MALFORMED`.  ``malformed`` gives their message indices where the runner recorded
+    them (its turns' parse errors); without it (conversations from elsewhere: gold plans,
+    demonstrations, files without turns) a text-only message answered by a tool message is
+    taken for one (the rollout records the parse error as the tool output).
     """
     for i, message in enumerate(messages):
         if message.get("role") != "assistant":
             continue
         calls = message.get("tool_calls") or []
         if not calls:
-            answered = i + 1 < len(messages) and messages[i + 1].get("role") == "tool"
+            if malformed is not None:
+                answered = i in malformed
+            else:
+                answered = i + 1 < len(messages) and messages[i + 1].get("role") == "tool"
             if answered:
-                call_id = str(messages[i + 1].get("tool_call_id", ""))
+                following = messages[i + 1] if i + 1 < len(messages) else {}
+                call_id = str(following.get("tool_call_id", ""))
                 yield ActionRef(i, 0, MALFORMED, {}, call_id, arguments_ok=False)
             else:
                 yield ActionRef(i, -1, RESPOND, {"content": message_text(message)})

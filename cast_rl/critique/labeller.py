@@ -166,14 +166,23 @@ class Labeller:
             for r in tool_history(messages, len(messages))
             if r.output is not None
         }
+        # the runner's turn records say which turns ran and which failed to parse; conversations
+        # without them (gold plans, demonstrations, older files) are read from their shape
+        turns = {t.message_index: t for t in trajectory.turns}
         labels = []
-        for action in iter_actions(messages):
+        for action in iter_actions(messages, malformed_turns(trajectory)):
             visible = Visible(self.data.policy, messages[: action.message_index], self.data.tools)
             findings = visible_findings(action, visible, self.rules, messages[action.message_index])
-            ran, changed = action.is_reply and not _rejected(messages, action.message_index), False
-            if not action.is_reply and action.name != MALFORMED:
+            turn = turns.get(action.message_index)
+            if turn is not None:  # only a turn's first call runs (the source runs one per turn)
+                ran = turn.executed and action.call_index <= 0
+            elif action.is_reply:
+                ran = not _rejected(messages, action.message_index)
+            else:
                 ran = (action.message_index, action.name,
                        json.dumps(action.kwargs, sort_keys=True, default=str)) in executed
+            changed = False
+            if not action.is_reply and action.name != MALFORMED:
                 db = env.db if ran else env.db.fork()
                 before = db.fork()
                 findings += self._privileged(action, visible, db, gold, gold_keys, trajectory)
@@ -269,6 +278,14 @@ def decisive_label(labels: list[ActionLabel]) -> ActionLabel | None:
     that ran, else None (the failure is unexplained); see the module docstring."""
     invalid = [label for label in labels if label.verdict == "invalid" and label.ran]
     return next((label for label in invalid if label.changed_state), invalid[0] if invalid else None)
+
+
+def malformed_turns(trajectory: Trajectory) -> set[int] | None:
+    """Message indices of the turns the runner could not parse; None for a trajectory without
+    turn records (then :func:`iter_actions` reads malformed turns from the messages' shape)."""
+    if not trajectory.turns:
+        return None
+    return {t.message_index for t in trajectory.turns if t.error is not None}
 
 
 def _rejected(messages: list[dict[str, Any]], index: int) -> bool:
@@ -379,7 +396,7 @@ def teacher_items(
             continue
         trajectory = trajectories[label.trajectory_index]
         if label.trajectory_index not in actions:
-            actions[label.trajectory_index] = list(iter_actions(trajectory.messages))
+            actions[label.trajectory_index] = list(iter_actions(trajectory.messages, malformed_turns(trajectory)))
         action = next(
             a for a in actions[label.trajectory_index]
             if a.message_index == label.message_index and a.call_index == label.call_index

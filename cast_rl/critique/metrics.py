@@ -32,7 +32,7 @@ from typing import Any
 from cast_rl.critique.context import ActionRef, Visible
 from cast_rl.critique.rationale import Rationale, leakage_problems
 from cast_rl.critique.verifier import Verifier, VerifyRequest
-from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.rollout.trajectory import Trajectory, VerificationRound
 
 
 def detection_metrics(
@@ -106,7 +106,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def verification_metrics(
     trajectories: Iterable[Trajectory],
-    judge: Callable[[Trajectory, dict[str, Any], dict[str, Any]], str] | None = None,
+    judge: Callable[[Trajectory, VerificationRound, dict[str, Any]], str] | None = None,
 ) -> dict[str, float]:
     """Correction rate and resistance (see the module docstring).
 
@@ -117,17 +117,17 @@ def verification_metrics(
     for trajectory in trajectories:
         rounds = list(trajectory.verification_rounds)
         for i, rnd in enumerate(rounds):
-            if (rnd.get("critique") or {}).get("verdict") != "invalid":
+            if rnd.critique.get("verdict") != "invalid":
                 continue
             criticised += 1
-            revision = rnd.get("revision")
+            revision = rnd.revision
             if revision is None:
                 continue
-            if _same(revision, rnd.get("proposal")):
+            if _same(revision, rnd.proposal):
                 repeated += 1
             following = rounds[i + 1] if i + 1 < len(rounds) else None
-            if following is not None and _same(following.get("proposal"), revision):
-                verdict = (following.get("critique") or {}).get("verdict")
+            if following is not None and _same(following.proposal, revision):
+                verdict = following.critique.get("verdict")
             elif judge is not None:
                 verdict = judge(trajectory, rnd, revision)
             else:

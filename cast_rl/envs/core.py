@@ -21,6 +21,7 @@ work bounded, and a call slower than ``tool_timeout_s`` is logged.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import functools
 import json
@@ -37,6 +38,7 @@ from cast_rl.envs.db import Database
 from cast_rl.envs.domain import DomainSpec, get_domain, tool_name
 from cast_rl.envs.types import RESPOND, STOP_TOKEN, Action, StepResult, Task
 from cast_rl.envs.users.base import UserSimulator
+from cast_rl.models.chat import call_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -164,16 +166,8 @@ def parse_tool_call(name: Any, arguments: str | Mapping[str, Any] | None) -> Act
     """
     if not isinstance(name, str):
         return f"Error: the tool name must be a string, got {type(name).__name__}"
-    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
-        return Action(name=name, kwargs={})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except (ValueError, RecursionError) as exc:
-            return f"Error: the tool arguments are not valid JSON: {exc}"
-    if not isinstance(arguments, Mapping):
-        return f"Error: the tool arguments must be a JSON object, got {type(arguments).__name__}"
-    return Action(name=name, kwargs=dict(arguments))
+    kwargs = call_arguments(arguments)
+    return f"Error: {kwargs}" if isinstance(kwargs, str) else Action(name=name, kwargs=kwargs)
 
 
 def _oversize(kwargs: Mapping[Any, Any]) -> str | None:
@@ -335,6 +329,22 @@ class ToolEnv:
         return reward, info
 
 
+class StepTimeout(Exception):
+    """A tool or the user did not answer within its timeout; ``reason`` says which
+    (``tool_timeout`` or ``user_timeout``)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+async def _within(work: Any, timeout_s: float | None, reason: str) -> Any:
+    try:
+        return await asyncio.wait_for(work, timeout_s)
+    except asyncio.TimeoutError:
+        raise StepTimeout(reason) from None
+
+
 class Episode:
     """A :class:`ToolEnv` plus a simulated user: the async interface rollouts drive."""
 
@@ -374,13 +384,23 @@ class Episode:
             observe(child.env.db)
         return child
 
-    async def step(self, action: Action) -> StepResult:
-        """A tool call runs in the env; a ``respond`` is answered by the user."""
+    async def step(
+        self, action: Action, tool_timeout_s: float | None = None, user_timeout_s: float | None = None,
+    ) -> StepResult:
+        """A tool call runs in the env; a ``respond`` is answered by the user.
+
+        With ``tool_timeout_s`` the tool runs in a worker thread and the episode stops waiting
+        after that long (a hung tool, e.g. on pathological arguments, cannot be interrupted; it
+        works on this episode's private fork only); ``user_timeout_s`` bounds the user's reply.
+        Either raises :class:`StepTimeout`.
+        """
         if action.name != RESPOND:
-            return self.env.step(action)
+            if tool_timeout_s is None:
+                return self.env.step(action)
+            return await _within(asyncio.to_thread(self.env.step, action), tool_timeout_s, "tool_timeout")
         observation, _ = self.env.apply(action)
         content = _respond_content(action)
         if content is None:
             return self.env.settle(observation, False, source=RESPOND)
-        reply = await self.user.step(content)
+        reply = await _within(self.user.step(content), user_timeout_s, "user_timeout")
         return self.env.settle(reply, STOP_TOKEN in reply, source="user")

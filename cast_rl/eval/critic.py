@@ -31,7 +31,7 @@ from typing import Any
 from cast_rl.critique.context import MALFORMED
 from cast_rl.critique.labeller import Labeller
 from cast_rl.critique.metrics import detection_metrics, verification_metrics
-from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.rollout.trajectory import Trajectory, VerificationRound
 
 Judge = Callable[[Trajectory], dict[int, tuple[str, str]]]
 """Trajectory -> {message index of a well-formed action: its true (verdict, error_type)}."""
@@ -48,9 +48,9 @@ def critic_metrics(
     flags = sum(len(t.verification_rounds) for t in trajectories)
     truth = {id(t): judge(t) for t in trajectories} if judge is not None and budget > 0 else {}
 
-    def revision_verdict(traj: Trajectory, round_: dict[str, Any], revision: dict[str, Any]) -> str:
+    def revision_verdict(traj: Trajectory, round_: VerificationRound, revision: dict[str, Any]) -> str:
         # the revision is the assistant message after the proposal and the critic's message
-        return truth[id(traj)].get(round_["message_index"] + 2, ("invalid", ""))[0]
+        return truth[id(traj)].get(round_.message_index + 2, ("invalid", ""))[0]
 
     rounds = verification_metrics(trajectories, revision_verdict if truth else None)
     false_positive_rate = None
@@ -80,7 +80,7 @@ def _checked(
     A flagged proposal's revision is the assistant message two after it; the proposal at depth d
     of such a chain (0: the action's first proposal) was checked when d < budget.
     """
-    flagged = {r["message_index"]: r["critique"] for r in traj.verification_rounds}
+    flagged = {r.message_index: r.critique for r in traj.verification_rounds}
     depth: dict[int, int] = {}
     pairs = []
     for index in sorted(truth):

@@ -175,7 +175,7 @@ async def flagged_benefit(
     traj = await runner.run(spec, on_decision=keep if k > 0 else None)
     if k <= 0:
         return traj, []
-    turns = traj.policy_turns()
+    turns = traj.turns
     unchecked = EpisodeRunner(runner.cfg, runner.data, runner.engine, None, runner.policy_version,
                               runner.user_complete)
     records = []
@@ -184,7 +184,7 @@ async def flagged_benefit(
         revised = next((t for t in turns if t.message_index > m and t.executed), None)
         if flagged.action is None or revised is None or revised.action is None:
             continue  # the decision ended the episode (context, timeout) or ran a malformed turn
-        critique = next(r["critique"] for r in traj.verification_rounds if r["message_index"] == m)
+        critique = next(r.critique for r in traj.verification_rounds if r.message_index == m)
         record = BenefitRecord(
             runner.budget, spec.split, spec.task_index, spec.trial, m, flagged.error_type or "unknown",
             critique.get("critic", ""), flagged.action, revised.action, None,
@@ -218,7 +218,7 @@ def budget_row(trajectories: list[Trajectory], tokenizer: Any) -> dict[str, Any]
     rewards: dict[Any, list[float]] = {}
     for t in sorted(trajectories, key=lambda t: (t.split, t.task_index, t.trial)):
         rewards.setdefault((t.split, t.task_index), []).append(t.reward)
-    policy = sum(int(t.info.get("policy_tokens", 0)) for t in trajectories) / len(trajectories)
+    policy = sum(t.policy_tokens for t in trajectories) / len(trajectories)
     critic = sum(critic_tokens(t, tokenizer) for t in trajectories) / len(trajectories)
     table = passk(rewards)
     tokens = policy + critic

@@ -356,9 +356,9 @@ def sample_rows(runs: list[EvalRun], per_run: int, max_chars: int = 4000) -> lis
         chosen = sorted(run.trajectories, key=lambda t: (not t.verification_rounds, t.key))[:per_run]
         for t in chosen:
             critiques = "\n\n".join(
-                f"[{r['critique'].get('verdict')}/{r['critique'].get('error_type')}] "
-                f"{json.dumps(r['proposal'])} -> {r['critique'].get('text', '')} "
-                f"-> revision {json.dumps(r.get('revision'))}"
+                f"[{r.critique.get('verdict')}/{r.critique.get('error_type')}] "
+                f"{json.dumps(r.proposal)} -> {r.critique.get('text', '')} "
+                f"-> revision {json.dumps(r.revision)}"
                 for r in t.verification_rounds
             )
             conversation = "\n".join(

@@ -75,7 +75,7 @@ def policy_turns(traj: Trajectory) -> list[PolicyTurn]:
     and such a file is refused rather than guessed at.
     """
     if traj.turns:
-        return traj.policy_turns()
+        return traj.turns
     if traj.verification_rounds:
         raise ValueError(f"trajectory {traj.key} has verification rounds but no turn records "
                          "(written by an older cast_rl); collect it again")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,14 +80,29 @@ def _parse_call(body: str, calls: list[dict[str, Any]], errors: list[str]) -> No
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         errors.append('tool call must be a JSON object with a string "name"')
         return
-    arguments = obj.get("arguments", {})
-    if isinstance(arguments, str):  # some models emit the arguments JSON as a string
-        try:
-            arguments = json.loads(arguments)
-        except (json.JSONDecodeError, RecursionError):
-            errors.append(f"arguments of {obj['name']!r} are not a JSON object")
-            return
-    if not isinstance(arguments, dict):
-        errors.append(f"arguments of {obj['name']!r} must be a JSON object")
+    arguments = call_arguments(obj.get("arguments"))
+    if isinstance(arguments, str):
+        errors.append(f"{obj['name']!r}: {arguments}")
         return
     calls.append({"name": obj["name"], "arguments": arguments})
+
+
+def call_arguments(arguments: Any) -> dict[str, Any] | str:
+    """A tool call's arguments as a dict, or why they are not one.
+
+    The one parser of tool-call arguments: the policy's ``<tool_call>`` blocks (here), the
+    environments' tool calls (:func:`cast_rl.envs.core.parse_tool_call`) and the labeller's
+    messages (:func:`cast_rl.critique.context.parse_arguments`) all read them through it.
+    ``arguments`` is a parsed object, its JSON text (some models write the arguments as a
+    string; so does the OpenAI message format), or None / empty text for no arguments.
+    """
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+        return {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
+            return f"the tool arguments are not valid JSON: {exc}"
+    if not isinstance(arguments, Mapping):
+        return f"the tool arguments must be a JSON object, got {type(arguments).__name__}"
+    return dict(arguments)

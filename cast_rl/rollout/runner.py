@@ -22,13 +22,13 @@ import logging
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
 from cast_rl.config.schema import CastConfig
 from cast_rl.critique.service import CriticUnavailable
-from cast_rl.envs.core import DomainData, Episode
+from cast_rl.envs.core import DomainData, Episode, StepTimeout
 from cast_rl.envs.types import RESPOND, Action
 from cast_rl.envs.users import build_user
 from cast_rl.inference.base import Completion, GenerationTimeout, InferenceEngine, Sampling
@@ -55,7 +55,8 @@ class EpisodeSpec:
 
 @dataclass
 class RunnerStats:
-    """Counters a rollout worker reports as ``rollout/`` metrics."""
+    """Counters a rollout worker reports as ``rollout/`` metrics, summed over the trajectories
+    the runner recorded (:meth:`add`)."""
 
     episodes: int = 0
     policy_tokens: int = 0
@@ -65,6 +66,17 @@ class RunnerStats:
     critiques: int = 0
     inconsistent_token_episodes: int = 0
     terminations: dict[str, int] = field(default_factory=dict)
+
+    def add(self, traj: Trajectory) -> None:
+        self.episodes += 1
+        self.policy_tokens += traj.policy_tokens
+        self.prompt_tokens += traj.prompt_tokens
+        self.malformed_calls += traj.malformed_calls
+        self.extra_calls_dropped += traj.extra_calls_dropped
+        self.critiques += sum(1 for t in traj.turns if t.verdict is not None)
+        self.inconsistent_token_episodes += 0 if traj.info.get("tokens_consistent", True) else 1
+        termination = traj.info.get("termination", "")
+        self.terminations[termination] = self.terminations.get(termination, 0) + 1
 
 
 @dataclass
@@ -83,9 +95,6 @@ class EpisodeState:
     versions: set[int]
     rounds: list[VerificationRound] = field(default_factory=list)
     turns: list[PolicyTurn] = field(default_factory=list)
-    counters: dict[str, int] = field(
-        default_factory=lambda: {"malformed_calls": 0, "extra_calls_dropped": 0, "prompt_tokens": 0}
-    )
     steps: int = 0
     """Actions taken (tool calls, messages to the user, malformed turns)."""
     round_index: int = 0
@@ -106,7 +115,6 @@ class EpisodeState:
             self, episode=self.episode.fork(), engine=fork_engine() if fork_engine else self.engine,
             conv=self.conv.fork(), versions=set(self.versions),
             rounds=[replace(r) for r in self.rounds], turns=[replace(t) for t in self.turns],
-            counters=dict(self.counters),
         )
 
 
@@ -329,7 +337,7 @@ class EpisodeRunner:
         except CriticUnavailable as exc:  # every retry and fail-over of the critic failed
             logger.warning("episode %s: %s", state.spec.key, exc)
             state.termination = "critic_unavailable"
-        except _StepTimeout as exc:
+        except StepTimeout as exc:
             state.termination = exc.reason
         except asyncio.TimeoutError:  # the user's opening message
             state.termination = "user_timeout"
@@ -343,7 +351,8 @@ class EpisodeRunner:
             error = {"role": "tool", "tool_call_id": "invalid", "content": action}
             state.conv.add_context([error], generation_prompt=more)
             return False
-        result = await self._execute(state.episode, action)
+        # a hung tool or user ends the episode as a recorded tool_timeout / user_timeout
+        result = await state.episode.step(action, self.cfg.env.tool_timeout_s, self.cfg.user.timeout_s)
         if action.name == RESPOND:
             reply = {"role": "user", "content": result.observation}
         else:
@@ -395,21 +404,21 @@ class EpisodeRunner:
                 return None, "context_overflow"
             if on_decision is not None:
                 on_decision(state)
-            state.counters["prompt_tokens"] += len(conv)
+            prompt_tokens = len(conv)
             completion = await state.engine.generate(conv.token_ids, state.sampling)
             state.versions.add(self.policy_version())
             message, parsed = conv.add_policy_turn(completion)
-            action = _to_action(parsed, state.counters)
+            action = _to_action(parsed)
             turn = PolicyTurn(len(conv.messages) - 1, *conv.last_span,
                               action.to_json() if isinstance(action, Action) else None,
-                              action if isinstance(action, str) else None)
+                              action if isinstance(action, str) else None,
+                              prompt_tokens=prompt_tokens, dropped_calls=max(0, len(parsed.tool_calls) - 1))
             state.turns.append(turn)
             self._note_revision(state, action)
             if isinstance(action, str) or state.round_index >= self.budget:
                 state.round_index = 0
                 return action, message
             (critique,) = await self.verifier.verify([self._request(conv, action)])
-            self.stats.critiques += 1
             turn.verdict, turn.error_type = critique.verdict, critique.error_type
             if critique.verdict != "invalid":
                 state.round_index = 0
@@ -418,25 +427,6 @@ class EpisodeRunner:
             state.rounds.append(VerificationRound(len(conv.messages) - 1, action.to_json(), critique.to_json()))
             conv.add_context([{"role": "user", "name": CRITIC_NAME, "content": critique.text}])
             state.round_index += 1
-
-    async def _execute(self, episode: Episode, action: Action):  # noqa: ANN202
-        """Run one action with its timeout: the user's turn, or the tool in a worker thread.
-
-        A tool that hangs (pathological arguments) cannot be interrupted, but the episode stops
-        waiting for it and ends as a recorded ``tool_timeout``; the thread works on this
-        episode's private fork only.
-        """
-        if action.name == RESPOND:
-            try:
-                return await asyncio.wait_for(episode.step(action), self.cfg.user.timeout_s)
-            except asyncio.TimeoutError:
-                raise _StepTimeout("user_timeout") from None
-        try:
-            return await asyncio.wait_for(
-                asyncio.to_thread(episode.env.step, action), self.cfg.env.tool_timeout_s
-            )
-        except asyncio.TimeoutError:
-            raise _StepTimeout("tool_timeout") from None
 
     def _request(self, conv: ConversationTokens, action: Action):  # noqa: ANN202
         from cast_rl.critique.verifier import VerifyRequest
@@ -447,33 +437,22 @@ class EpisodeRunner:
         )
 
     def _record(self, state: EpisodeState) -> Trajectory:
-        s, conv, counters = self.stats, state.conv, state.counters
-        s.episodes += 1
-        s.policy_tokens += conv.policy_tokens
-        s.prompt_tokens += counters["prompt_tokens"]
-        s.malformed_calls += counters["malformed_calls"]
-        s.extra_calls_dropped += counters["extra_calls_dropped"]
-        s.inconsistent_token_episodes += 0 if conv.consistent else 1
-        s.terminations[state.termination] = s.terminations.get(state.termination, 0) + 1
-        spec = state.spec
-        return Trajectory(
+        conv, spec = state.conv, state.spec
+        traj = Trajectory(
             domain=self.data.spec.name, split=spec.split, task_index=spec.task_index,
             trial=spec.trial, reward=state.reward, policy_version=min(state.versions),
             messages=conv.messages, token_ids=conv.token_ids, loss_mask=conv.loss_mask,
             logprobs=conv.logprobs,
-            verification_rounds=[asdict(r) for r in state.rounds],
-            turns=[asdict(t) for t in state.turns],
+            verification_rounds=list(state.rounds), turns=list(state.turns),
             info={
                 "termination": state.termination,
                 "policy_versions": sorted(state.versions),
-                "policy_tokens": conv.policy_tokens,
-                "prompt_tokens": counters["prompt_tokens"],
-                "malformed_calls": counters["malformed_calls"],
-                "extra_calls_dropped": counters["extra_calls_dropped"],
                 "tokens_consistent": conv.consistent,
                 "wall_s": round(time.perf_counter() - state.started, 4),
             },
         )
+        self.stats.add(traj)
+        return traj
 
 
 def _keep_first(snapshots: dict[int, EpisodeState], state: EpisodeState) -> None:
@@ -483,14 +462,14 @@ def _keep_first(snapshots: dict[int, EpisodeState], state: EpisodeState) -> None
 
 def env_steps(traj: Trajectory) -> int:
     """Actions the episode took (tool calls, replies, malformed turns): its environment steps."""
-    return sum(1 for t in traj.policy_turns() if t.executed)
+    return sum(1 for t in traj.turns if t.executed)
 
 
 def tree_points(traj: Trajectory, points: str, write_tools: frozenset[str] | set[str]) -> list[int]:
     """Message indices of the decision points to branch from: before each write that ran
     (``writes``), before each decision whose first proposal the critic rejected (``flagged``),
     or before every turn that ran (``all``)."""
-    turns = traj.policy_turns()
+    turns = traj.turns
     if points == "writes":
         return [t.message_index for t in turns if t.executed and t.action and t.action["name"] in write_tools]
     if points == "flagged":
@@ -520,8 +499,8 @@ class _Recorded:
     def __init__(self, traj: Trajectory, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self._traj = traj
-        self._turns = traj.policy_turns()
-        self._rejections = iter(r["critique"] for r in traj.verification_rounds)
+        self._turns = traj.turns
+        self._rejections = iter(r.critique for r in traj.verification_rounds)
         self._next = 0
         self.checked = any(t.verdict is not None for t in self._turns)
 
@@ -546,22 +525,14 @@ class _Recorded:
         return [Critique(**next(self._rejections))]
 
 
-class _StepTimeout(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def _to_action(parsed: Any, counters: dict[str, int]) -> Action | str:
-    """The action a parsed turn stands for, or an error observation for a malformed one."""
+def _to_action(parsed: Any) -> Action | str:
+    """The action a parsed turn stands for (its first call: the source runs one per turn), or an
+    error observation for a malformed one."""
     if parsed.tool_calls:
-        counters["extra_calls_dropped"] += len(parsed.tool_calls) - 1  # the source runs the first
         call = parsed.tool_calls[0]
         return Action(name=call["name"], kwargs=call["arguments"])
     if parsed.errors:
-        counters["malformed_calls"] += 1
         return f"Error: malformed tool call: {'; '.join(parsed.errors)}. {MALFORMED_HINT}"
     if not parsed.content:
-        counters["malformed_calls"] += 1
         return f"Error: empty response. Reply to the user or call a tool. {MALFORMED_HINT}"
     return Action(name=RESPOND, kwargs={"content": parsed.content})

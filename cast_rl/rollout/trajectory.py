@@ -8,7 +8,15 @@ One line per episode::
      "verification_rounds": [...],  # critic-in-the-loop rounds, see VerificationRound
      "turns": [...],                # per assistant message: token span, action, verdict (PolicyTurn)
      "token_ids": [...], "loss_mask": [...], "logprobs": [...],
-     "info": {...}}                 # termination, malformed calls, token counts, timings
+     "info": {...}}                 # termination, policy versions, token consistency, timing
+
+``turns`` and ``verification_rounds`` are :class:`PolicyTurn` and :class:`VerificationRound`
+records in memory and plain objects on disk (``dataclasses.asdict``); :meth:`Trajectory.from_json`
+and ``Trajectory(...)`` turn objects back into records and name a line's unknown or missing
+fields.  Counts are read from the turns, not kept twice: :attr:`Trajectory.policy_tokens`,
+``prompt_tokens``, ``malformed_calls``, ``extra_calls_dropped`` (with ``jq``:
+``[.turns[] | .end - .start] | add`` is the generated tokens of a line without substitutions).
+Lines written before turns were recorded load; their counts then come from ``info``.
 
 Shapes: ``token_ids``, ``loss_mask`` and ``logprobs`` have one entry per token of the whole
 conversation as rendered by the policy's chat template.  ``loss_mask`` is 1 exactly on tokens
@@ -20,8 +28,8 @@ elsewhere.  A critique shown to the policy is a ``user`` message with ``"name": 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +82,11 @@ class PolicyTurn:
     """True for an action put in the policy's place by a counterfactual branch
     (:meth:`~cast_rl.rollout.runner.EpisodeRunner.continue_from`): its tokens carry loss mask 0
     and no logprobs, and it ran unchecked."""
+    prompt_tokens: int = 0
+    """Length of the prompt this turn was generated from."""
+    dropped_calls: int = 0
+    """Well-formed tool calls the turn wrote after its first, which do not run (the source
+    environments run one call per turn)."""
 
 
 @dataclass
@@ -90,14 +103,40 @@ class Trajectory:
     token_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    verification_rounds: list[dict[str, Any]] = field(default_factory=list)
+    verification_rounds: list[VerificationRound] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
-    turns: list[dict[str, Any]] = field(default_factory=list)
-    """One :class:`PolicyTurn` (as a dict) per assistant message, in order; empty in files
-    written before turns were recorded (readers then fall back where they can)."""
+    turns: list[PolicyTurn] = field(default_factory=list)
+    """One :class:`PolicyTurn` per assistant message, in order; empty in files written before
+    turns were recorded (readers then fall back where they can)."""
 
-    def policy_turns(self) -> list[PolicyTurn]:
-        return [PolicyTurn(**t) for t in self.turns]
+    def __post_init__(self) -> None:
+        self.verification_rounds = [_record(VerificationRound, r, f"verification_rounds[{i}]")
+                                    for i, r in enumerate(self.verification_rounds)]
+        self.turns = [_record(PolicyTurn, t, f"turns[{i}]") for i, t in enumerate(self.turns)]
+
+    def _count(self, key: str, per_turn: Callable[[PolicyTurn], int]) -> int:
+        if not self.turns:  # written before turns were recorded
+            return int(self.info.get(key, 0))
+        return sum(per_turn(t) for t in self.turns)
+
+    @property
+    def policy_tokens(self) -> int:
+        """Tokens the policy generated (substituted turns are not its own)."""
+        return self._count("policy_tokens", lambda t: 0 if t.substituted else t.end - t.start)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens over the policy's generations (what the engine prefilled or cached)."""
+        return self._count("prompt_tokens", lambda t: t.prompt_tokens)
+
+    @property
+    def malformed_calls(self) -> int:
+        """Turns that got an error observation instead of running."""
+        return self._count("malformed_calls", lambda t: t.error is not None)
+
+    @property
+    def extra_calls_dropped(self) -> int:
+        return self._count("extra_calls_dropped", lambda t: t.dropped_calls)
 
     @property
     def key(self) -> tuple[str, str, int, int]:
@@ -151,6 +190,22 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "info": (dict,),
     "turns": (list,),
 }
+
+
+def _record(cls: type, obj: Any, where: str) -> Any:
+    """``obj`` as a ``cls`` record: kept when it is one, built when it is its JSON object."""
+    if isinstance(obj, cls):
+        return obj
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where} must be an object, got {type(obj).__name__}")
+    fields = cls.__dataclass_fields__
+    unknown = sorted(set(obj) - set(fields))
+    if unknown:
+        raise ValueError(f"{where}: unknown keys: {', '.join(unknown)}")
+    missing = [k for k, f in fields.items() if k not in obj and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise ValueError(f"{where}: missing keys: {', '.join(missing)}")
+    return cls(**obj)
 
 
 def _type_names(types: tuple[type, ...]) -> str:

@@ -57,7 +57,7 @@ def _check_pipeline_output(run_dir: Path) -> None:
     # of an executed action (every collected episode failed), each replayed and continued once
     labels = [json.loads(line) for line in (run_dir / "03_label" / "labels.jsonl").read_text().splitlines()]
     blame = [json.loads(line) for line in (run_dir / "03_label" / "blame.jsonl").read_text().splitlines()]
-    executed = {(i, t["message_index"]) for i, traj in enumerate(trajectories) for t in traj.turns if t["executed"]}
+    executed = {(i, t.message_index) for i, traj in enumerate(trajectories) for t in traj.turns if t.executed}
     expected = {(lab["trajectory_index"], lab["message_index"]) for lab in labels if lab["verdict"] == "invalid"} & executed
     assert blame and {(r["trajectory_index"], r["message_index"]) for r in blame} == expected
     assert all(r["k"] == 1 for r in blame if r["correction"]) and summary["stages"]["label"]["blame"]["labels"] == len(blame)

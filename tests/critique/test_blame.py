@@ -68,7 +68,7 @@ def test_a_label_on_a_harmless_action_is_not_confirmed(setup) -> None:  # noqa: 
     """Blame planted on a valid early action: correcting it does not stop the later mistake."""
     data, trajs, labels, runner_for = setup
     traj = trajs[0]
-    first_call = next(t for t in traj.policy_turns() if t.action and t.action["name"] != RESPOND)
+    first_call = next(t for t in traj.turns if t.action and t.action["name"] != RESPOND)
     planted = {"trajectory_index": 0, "message_index": first_call.message_index, "action": first_call.action,
                "verdict": "invalid", "error_type": "hallucination", "rationale": None, "source": "planted"}
     (record,) = asyncio.run(verify_blame(data, trajs, [planted], runner_for, k=2))
@@ -80,12 +80,12 @@ def test_a_label_on_a_harmless_action_is_not_confirmed(setup) -> None:  # noqa: 
 def test_privileged_correction_asks_for_the_missing_confirmation(setup) -> None:  # noqa: ANN001
     data, trajs, _, _ = setup
     traj = trajs[1]  # error-free: the cancel follows the user's yes
-    cancel = next(t for t in traj.policy_turns() if t.action and t.action["name"] == "cancel_pending_order")
+    cancel = next(t for t in traj.turns if t.action and t.action["name"] == "cancel_pending_order")
     assert privileged_correction(data, traj, cancel.message_index).name == "cancel_pending_order"
-    ask = next(t for t in traj.policy_turns() if t.action and "Do you confirm" in t.action["kwargs"].get("content", ""))
+    ask = next(t for t in traj.turns if t.action and "Do you confirm" in t.action["kwargs"].get("content", ""))
     fix = privileged_correction(data, traj, ask.message_index)
     assert fix.name == RESPOND and "cancel_pending_order" in fix.kwargs["content"]
-    last = max(t.message_index for t in traj.policy_turns())
+    last = max(t.message_index for t in traj.turns)
     assert privileged_correction(data, traj, last) is None  # every gold call done: nothing to substitute
 
 
@@ -102,7 +102,7 @@ def test_critic_data_leaves_out_what_blame_did_not_confirm(setup, tmp_path: Path
     from cast_rl.rollout.trajectory import write_trajectories
 
     data, trajs, labels, runner_for = setup
-    first_call = next(t for t in trajs[0].policy_turns() if t.action and t.action["name"] != RESPOND)
+    first_call = next(t for t in trajs[0].turns if t.action and t.action["name"] != RESPOND)
     labels = [dict(lab) for lab in labels]
     planted = next(lab for lab in labels if lab["trajectory_index"] == 0 and lab["message_index"] == first_call.message_index)
     planted.update(verdict="invalid", error_type="hallucination", source="planted")

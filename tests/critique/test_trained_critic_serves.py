@@ -88,8 +88,8 @@ def test_stage_05_critic_serves_stages_06_and_08(
     assert stage06["critic_unparsable"] == stage06["critiques"]  # noise: unreadable, and counted
     rounds = [r for t in read_trajectories(run / "06_collect_with_critic" / "trajectories.jsonl")
               for r in t.verification_rounds]
-    assert rounds and {r["critique"]["critic"] for r in rounds} == {str(trained)}
-    assert all(r["critique"]["unparsable"] and r["critique"]["verdict"] == "invalid" for r in rounds)
+    assert rounds and {r.critique["critic"] for r in rounds} == {str(trained)}
+    assert all(r.critique["unparsable"] and r.critique["verdict"] == "invalid" for r in rounds)
 
     # 08: the evaluation with the critic in the loop used it too, and the report says so
     report = json.loads((run / "08_eval_after" / "report.json").read_text())
@@ -98,7 +98,7 @@ def test_stage_05_critic_serves_stages_06_and_08(
     assert config["critic"]["unparsable"] == config["critic"]["critiques"] > 0
     rounds = [r for t in read_trajectories(run / "08_eval_after" / "trajectories" / "critic_b1.jsonl")
               for r in t.verification_rounds]
-    assert rounds and {r["critique"]["critic"] for r in rounds} == {str(trained)}
+    assert rounds and {r.critique["critic"] for r in rounds} == {str(trained)}
     final = json.loads(Path(result["report"]).read_text())
     assert final["critic_heldout"] == heldout
     assert final["configurations"][0]["label"] == "after: critic B=1 (trained)"

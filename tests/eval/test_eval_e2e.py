@@ -53,7 +53,7 @@ def test_cast_rl_eval_tiny(ray_local, tiny_model_dir: Path, retail_data_dir: Pat
     # the rule critic was consulted on every well-formed proposal of the B=1 configuration
     b1 = read_trajectories(out / "trajectories" / "critic_b1.jsonl")
     proposals = sum(1 for t in b1 for m in t.messages if m["role"] == "assistant")
-    if proposals > sum(t.info["malformed_calls"] for t in b1):
+    if proposals > sum(t.malformed_calls for t in b1):
         assert configs["critic_b1"]["critic"]["critiques"] > 0
     assert sorted(p.name for p in (out / "plots").glob("*.png")) == [
         "passk_vs_budget_retail_test.png", "passk_vs_k_retail_test.png",

@@ -56,14 +56,14 @@ def test_a_tree_branches_from_the_exact_state_before_each_write(setup) -> None: 
         assert points == tree_points(root, "writes", data.spec.write_tools) and len(points) == 1
         assert len(branches) == (K - 1) * len(points)
         (point,) = points
-        start = next(t.start for t in root.policy_turns() if t.message_index == point)
+        start = next(t.start for t in root.turns if t.message_index == point)
         for b in branches:
             assert b.info["tree"]["point"] == point
             # the shared prefix, token for token, up to the branching turn
             assert b.messages[:point] == root.messages[:point] and b.token_ids[:start] == root.token_ids[:start]
             # what the branch cost: its own actions after the shared prefix
-            prefix = sum(1 for t in root.policy_turns() if t.message_index < point and t.executed)
-            assert b.info["tree"]["env_steps"] == sum(1 for t in b.policy_turns() if t.executed) - prefix > 0
+            prefix = sum(1 for t in root.turns if t.message_index < point and t.executed)
+            assert b.info["tree"]["env_steps"] == sum(1 for t in b.turns if t.executed) - prefix > 0
         # the branches sampled anew: some repeat the root's outcome, some do not
         assert {b.reward for b in tree} == {0.0, 1.0}
 
@@ -87,7 +87,7 @@ def test_step_group_advantages_are_relative_to_the_state_and_start_at_the_branch
     for tree in trees:
         root = tree[0]
         (point,) = root.info["tree"]["points"]
-        start = next(t.start for t in root.policy_turns() if t.message_index == point)
+        start = next(t.start for t in root.turns if t.message_index == point)
         (s,) = [s for s in samples if s.info["branch"] == 0 and s.group.endswith(f"/{root.task_index}/0/{point}")]
         assert not any(s.loss_mask[:start]) and s.loss_mask[start] == 1
 

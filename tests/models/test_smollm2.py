@@ -146,7 +146,7 @@ def test_pipeline_slice_rollout_learner_step_weight_sync(ray_local: Any, smollm2
         before = group.collect([("test", 0, 0)])[0]
         times["rollout_s"] = time.perf_counter() - t
         print("first policy turn before:", repr(before.messages[2].get("content")), before.messages[2].get("tool_calls"))
-        assert before.policy_version == 0 and sum(before.loss_mask) == before.info["policy_tokens"] > 0
+        assert before.policy_version == 0 and sum(before.loss_mask) == before.policy_tokens > 0
         # the tokens the engine saw and wrote are the chat template's rendering of the episode
         assert tok.decode(before.token_ids, skip_special_tokens=False) == tok.apply_chat_template(
             before.messages, tools=data.tools, tokenize=False)

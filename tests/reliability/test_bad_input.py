@@ -211,7 +211,7 @@ def test_parse_assistant_matches_the_regex_formulation(text: str) -> None:
         ("<tool_call>" * 10_000, 0, "unterminated <tool_call> block"),  # linear, not quadratic
         ('<tool_call>{"name": "a", "arguments": {}}</tool_call>' * 2_000, 2_000, None),
         (f'<tool_call>{{"name": "a", "arguments": {DEEP}}}</tool_call>', 0, "not valid JSON"),
-        ('<tool_call>{"name": "a", "arguments": "' + DEEP + '"}</tool_call>', 0, "not a JSON object"),
+        ('<tool_call>{"name": "a", "arguments": "' + DEEP + '"}</tool_call>', 0, "not valid JSON"),
         ("\ufffd\ufffd<tool_call>\ufffd</tool_call>", 0, "not valid JSON"),
     ],
     ids=["empty", "100k_plain", "10k_open_tags", "2k_calls", "deep_json", "deep_string_args", "replacement_chars"],
@@ -278,11 +278,11 @@ def test_runner_records_huge_empty_and_non_utf8_completions(kind: str, runner_se
     elif kind == "not_utf8":  # replacement characters are text: a message to the user
         assert "\ufffd" in policy_turns[0]["content"]
         assert [m["role"] for m in traj.messages[:4]] == ["system", "user", "assistant", "user"]
-        assert traj.info["malformed_calls"] == 0
+        assert traj.malformed_calls == 0
     else:  # each empty turn is an error observation the policy can learn from
         assert traj.info["termination"] == "max_steps"
-        assert traj.info["malformed_calls"] == 3
-    assert sum(traj.loss_mask) == traj.info["policy_tokens"]
+        assert traj.malformed_calls == 3
+    assert sum(traj.loss_mask) == traj.policy_tokens
     path = tmp_path / "t.jsonl"
     write_trajectories(path, [traj])  # survives the file format
     assert read_trajectories(path)[0].to_json() == traj.to_json()

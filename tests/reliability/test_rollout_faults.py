@@ -47,13 +47,13 @@ def test_generation_timeout_is_a_recorded_failure_and_the_engine_recovers(
         specs = [EpisodeSpec("test", i, 0) for i in range(3)]
         timed_out = loop.run_until_complete(runner.run_many(specs))
         assert [t.info["termination"] for t in timed_out] == ["generation_timeout"] * 3
-        assert all(t.reward == 0.0 and t.info["policy_tokens"] == 0 for t in timed_out)
+        assert all(t.reward == 0.0 and t.policy_tokens == 0 for t in timed_out)
         assert runner.stats.terminations == {"generation_timeout": 3}
 
         engine.cfg = replace(engine.cfg, request_timeout_s=120.0)  # same engine, sane timeout
         (after,) = loop.run_until_complete(runner.run_many([EpisodeSpec("test", 0, 1)]))
         assert after.info["termination"] != "generation_timeout"
-        assert after.info["policy_tokens"] > 0
+        assert after.policy_tokens > 0
     finally:
         loop.run_until_complete(engine.close())
         loop.close()
@@ -98,7 +98,7 @@ def test_killed_rollout_worker_is_restarted_and_no_episode_is_lost(
         assert delivered == units and Counter(seen) == Counter(units)
         assert num_restarts(group.workers[killed[0]]) == 1
         assert group.resubmitted_chunks >= 1  # its chunk (or the next one it took) ran again
-        assert all(t.policy_version == 0 and t.info["policy_tokens"] > 0 for t in trajectories)
+        assert all(t.policy_version == 0 and t.policy_tokens > 0 for t in trajectories)
         # the restarted worker serves again: every worker answers and collects
         again = group.collect([("test", 0, 5), ("test", 1, 5)], chunk_size=1)
         assert [(t.task_index, t.trial) for t in again] == [(0, 5), (1, 5)]

@@ -98,7 +98,7 @@ def test_a_substituted_action_changes_only_what_follows(setup) -> None:  # noqa:
     runner = _runner(setup, "wrong_argument", critic=False)
     original, snapshots = _run_with_snapshots(runner)
     assert original.reward == 0.0  # the wrong cancel reason ran unchecked
-    bad = next(t for t in original.policy_turns() if t.action and t.action["name"] == "cancel_pending_order")
+    bad = next(t for t in original.turns if t.action and t.action["name"] == "cancel_pending_order")
     gold = next(a for a in data.task("train", SPEC.task_index).actions if a.name == "cancel_pending_order")
     assert bad.action["kwargs"] != gold.kwargs
     snapshot = snapshots[bad.message_index]
@@ -110,10 +110,10 @@ def test_a_substituted_action_changes_only_what_follows(setup) -> None:  # noqa:
     assert fixed.messages[: bad.message_index] == original.messages[: bad.message_index]
     assert fixed.token_ids[: bad.start] == original.token_ids[: bad.start]
     assert fixed.messages[bad.message_index] != original.messages[bad.message_index]
-    turn = fixed.policy_turns()[len(original.policy_turns()[: original.policy_turns().index(bad)])]
+    turn = fixed.turns[len(original.turns[: original.turns.index(bad)])]
     assert turn.substituted and turn.action == {"name": gold.name, "kwargs": gold.kwargs}
     assert set(fixed.loss_mask[turn.start : turn.end]) == {0}  # not the policy's sample
-    assert not any(t.substituted for t in original.policy_turns())
+    assert not any(t.substituted for t in original.turns)
     # the decision point itself is untouched: a second branch without substitution replays the error
     assert snapshot.episode.env.state_hash() == before
     _same(asyncio.run(runner.continue_from(snapshot)), original)

@@ -47,11 +47,11 @@ def test_compact_setting_keeps_only_what_cancel_tasks_need(setup) -> None:  # no
 def test_error_free_teacher_solves_every_task(setup, task: int) -> None:  # noqa: ANN001
     traj = _episode(setup, task, None, critic=False)
     assert traj.reward == 1.0 and traj.info["tokens_consistent"]
-    assert [t["executed"] for t in traj.turns] == [True] * len(traj.turns)
+    assert [t.executed for t in traj.turns] == [True] * len(traj.turns)
     # the recorded spans are exactly the runs of policy tokens
     covered = [0] * len(traj.token_ids)
     for t in traj.turns:
-        covered[t["start"]:t["end"]] = [1] * (t["end"] - t["start"])
+        covered[t.start:t.end] = [1] * (t.end - t.start)
     assert covered == traj.loss_mask
 
 
@@ -61,20 +61,20 @@ def test_wrong_argument_fails_the_task_unless_the_critic_stops_it(setup) -> None
     assert unchecked.reward == 0.0 and not unchecked.verification_rounds
     checked = _episode(setup, 0, "wrong_argument", critic=True)
     assert checked.reward == 1.0
-    (rejected,) = [t for t in checked.turns if not t["executed"]]
-    assert rejected["verdict"] == "invalid" and rejected["action"]["name"] == "cancel_pending_order"
-    assert checked.loss_mask[rejected["start"]:rejected["end"]] == [1] * (rejected["end"] - rejected["start"])
+    (rejected,) = [t for t in checked.turns if not t.executed]
+    assert rejected.verdict == "invalid" and rejected.action["name"] == "cancel_pending_order"
+    assert checked.loss_mask[rejected.start:rejected.end] == [1] * (rejected.end - rejected.start)
     (round_,) = checked.verification_rounds
-    assert round_["message_index"] == rejected["message_index"]
-    assert round_["revision"]["kwargs"]["reason"] != rejected["action"]["kwargs"]["reason"]
+    assert round_.message_index == rejected.message_index
+    assert round_.revision["kwargs"]["reason"] != rejected.action["kwargs"]["reason"]
 
     ids, mask = distill_cut(checked)
-    gone = {rejected["message_index"], rejected["message_index"] + 1}  # proposal and critique
+    gone = {rejected.message_index, rejected.message_index + 1}  # proposal and critique
     kept = [m for i, m in enumerate(checked.messages) if i not in gone]
     rendered = tok.apply_chat_template(kept, tools=data.tools, tokenize=False)
     assert ids == tok(rendered, add_special_tokens=False).input_ids
     (sft,) = build_samples([checked], load_config(None, ["algorithm.samples=[supervised]"]), "r")
-    assert sum(sft.loss_mask) == sum(checked.loss_mask) - (rejected["end"] - rejected["start"])
+    assert sum(sft.loss_mask) == sum(checked.loss_mask) - (rejected.end - rejected.start)
     assert sum(mask) == sum(sft.loss_mask)
 
 
@@ -82,9 +82,9 @@ def test_wrong_argument_fails_the_task_unless_the_critic_stops_it(setup) -> None
 def test_other_errors_are_caught_by_the_rule_critic(setup, error: str) -> None:  # noqa: ANN001
     checked = _episode(setup, 1, error, critic=True)
     assert checked.reward == 1.0
-    (rejected,) = [t for t in checked.turns if not t["executed"]]
+    (rejected,) = [t for t in checked.turns if not t.executed]
     expected = {"missing_confirmation": "policy_violation", "fabricated_id": "hallucination"}[error]
-    assert rejected["error_type"] == expected
+    assert rejected.error_type == expected
 
 
 def test_error_draws_are_reproducible_and_at_the_set_rate() -> None:

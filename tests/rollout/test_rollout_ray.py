@@ -38,7 +38,7 @@ def group_and_cfg(ray_local, tiny_model_dir: Path, retail_data_dir: Path):  # no
 
 def _check_tokens(traj, tok, tools) -> None:  # noqa: ANN001
     assert len(traj.token_ids) == len(traj.loss_mask) == len(traj.logprobs)
-    assert sum(traj.loss_mask) == traj.info["policy_tokens"] > 0
+    assert sum(traj.loss_mask) == traj.policy_tokens > 0
     assert all(lp <= 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask) if m)
     # Context tokens always equal the template's rendering; the whole sequence does too whenever
     # the policy's own tokens are canonical (reported per episode, checked here when claimed).
@@ -79,7 +79,7 @@ def test_tree_collection_returns_each_root_then_its_continuations(group_and_cfg)
     position = 0
     for root in roots:
         points = root.info["tree"]["points"]
-        assert points == [t["message_index"] for t in root.turns if t["executed"]] and points
+        assert points == [t.message_index for t in root.turns if t.executed] and points
         grown = trajectories[position + 1 : position + 1 + len(points)]
         assert trajectories[position] is root and [g.info["tree"]["point"] for g in grown] == points
         for g in grown:  # the prefix before the branch point is the root's, message for message

@@ -17,8 +17,10 @@ from cast_rl.envs.core import load_domain_data
 from cast_rl.inference.base import Completion, Sampling
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 from cast_rl.rollout.trajectory import (
+    PolicyTurn,
     Trajectory,
     TrajectoryFormatError,
+    VerificationRound,
     read_trajectories,
     write_trajectories,
 )
@@ -88,7 +90,7 @@ def test_tokens_equal_retokenised_conversation(setup) -> None:  # noqa: ANN001
         assert traj.token_ids[: len(prompt)] == prompt
     roles = [m["role"] for m in traj.messages]
     assert roles[:3] == ["system", "user", "assistant"]
-    assert traj.info["malformed_calls"] == 1
+    assert traj.malformed_calls == 1
     assert traj.info["termination"] == "max_steps"
     unknown = next(m for m in traj.messages if m.get("name") == "not_a_tool")
     assert unknown["content"] == "Unknown action not_a_tool"
@@ -107,6 +109,35 @@ def test_many_episodes_each_once_and_jsonl_roundtrip(setup, tmp_path: Path) -> N
     write_trajectories(path, trajs)
     back = read_trajectories(path)
     assert [b.to_json() for b in back] == [t.to_json() for t in trajs]
+    assert all(isinstance(turn, PolicyTurn) for b in back for turn in b.turns)
+    # the runner's counters are the sums of what its trajectories record
+    assert runner.stats.policy_tokens == sum(t.policy_tokens for t in back) == sum(sum(t.loss_mask) for t in back)
+    assert runner.stats.prompt_tokens == sum(t.prompt_tokens for t in back) > 0
+
+
+def test_turn_records_load_typed_and_bad_or_old_ones_are_named(tmp_path: Path) -> None:
+    """turns and verification_rounds are records; an unknown field names its place; a line
+    written before turns were recorded loads and reads its counts from info."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]
+    turn = {"message_index": 1, "start": 0, "end": 2, "action": None, "error": "Error: empty"}
+    rnd = {"message_index": 1, "proposal": {"name": "respond", "kwargs": {}}, "critique": {"verdict": "invalid"}}
+    good = Trajectory("retail", "test", 0, 0, 0.0, 0, messages, token_ids=[5, 6], loss_mask=[1, 1],
+                      logprobs=[0.0, 0.0], turns=[turn], verification_rounds=[rnd])
+    assert isinstance(good.turns[0], PolicyTurn) and isinstance(good.verification_rounds[0], VerificationRound)
+    assert (good.policy_tokens, good.malformed_calls, good.verification_rounds[0].revision) == (2, 1, None)
+    path = tmp_path / "t.jsonl"
+    write_trajectories(path, [good])
+    assert json.loads(path.read_text())["turns"][0] == turn | {
+        "verdict": None, "error_type": None, "executed": True, "substituted": False, "prompt_tokens": 0, "dropped_calls": 0}
+    for bad, message in ((good.to_json() | {"turns": [turn | {"span": 3}]}, r"turns\[0\]: unknown keys: span"),
+                         (good.to_json() | {"verification_rounds": [{"message_index": 1}]},
+                          r"verification_rounds\[0\]: missing keys: proposal, critique"),
+                         (good.to_json() | {"turns": [7]}, r"turns\[0\] must be an object")):
+        path.write_text(json.dumps(bad) + "\n")
+        with pytest.raises(TrajectoryFormatError, match=message):
+            read_trajectories(path)
+    old = Trajectory("retail", "test", 0, 0, 0.0, 0, messages, info={"policy_tokens": 9, "malformed_calls": 2})
+    assert (old.policy_tokens, old.malformed_calls, old.prompt_tokens) == (9, 2, 0)
 
 
 def test_gold_policy_solves_task_with_reward_one(setup) -> None:  # noqa: ANN001
