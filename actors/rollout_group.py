@@ -22,7 +22,7 @@ from cast_rl.config.resources import actor_request
 from cast_rl.config.schema import CastConfig, CriticConfig
 from cast_rl.critique.blame import BlameRecord
 from cast_rl.envs.types import is_success
-from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.records import Trajectory
 from cast_rl.rollout.worker import merge_worker_metrics
 
 logger = logging.getLogger(__name__)

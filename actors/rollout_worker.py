@@ -16,8 +16,8 @@ from cast_rl.critique.blame import BlameRecord
 from cast_rl.envs.setup import load_env_data
 from cast_rl.envs.users import user_engine
 from cast_rl.inference import build_engine
+from cast_rl.records import Trajectory
 from cast_rl.rollout import weights
-from cast_rl.rollout.trajectory import Trajectory
 from cast_rl.rollout.verifiers import build_verifier
 from cast_rl.rollout.worker import RolloutWorker
 

@@ -45,7 +45,7 @@ from cast_rl.eval.report import (
 )
 from cast_rl.models.setup import ensure_policy_model
 from cast_rl.pipeline.context import resolve_critic
-from cast_rl.rollout.trajectory import Trajectory, write_trajectories
+from cast_rl.records import Trajectory, write_trajectories
 from cast_rl.telemetry import MetricsLogger
 from launchers.cluster import init_ray
 

@@ -18,7 +18,7 @@ from cast_rl.config.args import add_config_arguments, parse_config
 from cast_rl.config.schema import CastConfig
 from cast_rl.envs.setup import episode_units, load_env_data
 from cast_rl.models.setup import ensure_policy_model
-from cast_rl.rollout.trajectory import Trajectory, write_trajectories
+from cast_rl.records import Trajectory, write_trajectories
 from cast_rl.telemetry import MetricsLogger
 from launchers.cluster import init_ray
 

@@ -43,9 +43,9 @@ from cast_rl.learner.critique_samples import (
 from cast_rl.learner.sample import Sample
 from cast_rl.models.setup import ensure_model
 from cast_rl.pipeline.context import PipelineContext
+from cast_rl.records import Trajectory, read_trajectories, write_trajectories
 from cast_rl.rollout.demonstrations import collect_demonstrations
 from cast_rl.rollout.noisy_expert import collect_noisy_demonstrations
-from cast_rl.rollout.trajectory import Trajectory, read_trajectories, write_trajectories
 from cast_rl.telemetry import MetricsLogger
 from launchers.eval import run_eval
 from launchers.train import train_policy

@@ -38,7 +38,7 @@ from cast_rl.learner.loop import TrainLoop
 from cast_rl.learner.supervisor import MonotoneCollector
 from cast_rl.learner.toy import HFCollector
 from cast_rl.models.setup import ensure_model, ensure_policy_model
-from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.records import Trajectory
 from cast_rl.telemetry import MetricsLogger
 from launchers.cluster import init_ray
 

@@ -44,8 +44,8 @@ def _blame(args: argparse.Namespace) -> int:
     from cast_rl.envs.setup import load_env_data
     from cast_rl.envs.users import user_engine
     from cast_rl.inference import build_engine
+    from cast_rl.records import read_trajectories
     from cast_rl.rollout.runner import EpisodeRunner
-    from cast_rl.rollout.trajectory import read_trajectories
     from cast_rl.telemetry.metrics import MetricsLogger
 
     cfg = config_from_args(args)

@@ -39,7 +39,7 @@ from cast_rl.critique.rules.base import Ctx
 from cast_rl.critique.rules.confirmation import check_confirmation
 from cast_rl.envs.core import DomainData
 from cast_rl.envs.types import RESPOND, Action, confirmation_text, is_success
-from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.records import Trajectory
 
 
 @dataclass

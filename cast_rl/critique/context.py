@@ -22,7 +22,7 @@ from functools import cached_property
 from typing import Any
 
 from cast_rl.models.chat import call_arguments
-from cast_rl.rollout.trajectory import CRITIC_NAME
+from cast_rl.records import CRITIC_NAME
 
 RESPOND = "respond"
 MALFORMED = "malformed_tool_call"

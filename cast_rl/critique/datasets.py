@@ -32,7 +32,7 @@ from cast_rl.critique.context import iter_actions
 from cast_rl.critique.prompt import critic_messages
 from cast_rl.critique.rationale import Rationale, format_critique
 from cast_rl.critique.verifier import VerifyRequest
-from cast_rl.rollout.trajectory import Trajectory, read_trajectories
+from cast_rl.records import Trajectory, read_trajectories
 
 logger = logging.getLogger(__name__)
 

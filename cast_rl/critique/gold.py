@@ -30,7 +30,7 @@ from cast_rl.critique.rules import get_rules
 from cast_rl.critique.rules.base import ungrounded
 from cast_rl.envs.core import DomainData, ToolEnv, call_tool
 from cast_rl.envs.types import RESPOND, STOP_TOKEN, Action
-from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.records import Trajectory
 
 ASK_IDENTITY = (
     "Before I can help, I need to verify your identity. Could you please give me your email "

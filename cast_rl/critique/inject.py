@@ -38,7 +38,7 @@ from cast_rl.critique.gold_domains import required_reads
 from cast_rl.critique.inject_choices import AIRLINE_NOW, airline_blocked, alternatives, variants
 from cast_rl.envs.core import DomainData, call_tool
 from cast_rl.envs.types import Action
-from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.records import Trajectory
 
 EXPECTED = {
     "missing_confirmation": "policy_violation",

@@ -53,7 +53,7 @@ from cast_rl.critique.rules.base import Finding
 from cast_rl.envs.core import DomainData, ToolEnv, call_tool
 from cast_rl.envs.db import Database, to_hashable
 from cast_rl.envs.types import Action, is_success
-from cast_rl.rollout.trajectory import CRITIC_NAME, Trajectory, TrajectoryFormatError
+from cast_rl.records import CRITIC_NAME, Trajectory, TrajectoryFormatError
 
 logger = logging.getLogger(__name__)
 _MISSING = object()

@@ -32,7 +32,7 @@ from typing import Any
 from cast_rl.critique.context import ActionRef, Visible
 from cast_rl.critique.rationale import Rationale, leakage_problems
 from cast_rl.critique.verifier import Verifier, VerifyRequest
-from cast_rl.rollout.trajectory import Trajectory, VerificationRound
+from cast_rl.records import Trajectory, VerificationRound
 
 
 def detection_metrics(

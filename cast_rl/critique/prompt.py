@@ -14,7 +14,7 @@ from typing import Any
 
 from cast_rl.critique.context import RESPOND, message_text
 from cast_rl.critique.records import VerifyRequest
-from cast_rl.rollout.trajectory import CRITIC_NAME
+from cast_rl.records import CRITIC_NAME
 
 CRITIC_SYSTEM = """You are the critic of a {domain} customer-service agent. You check one proposed \
 action of the agent against its policy and against what the agent could see: the policy, the \

@@ -27,7 +27,7 @@ from cast_rl.critique.verifier import VerifyRequest
 from cast_rl.envs.core import DomainData
 from cast_rl.inference import build_engine
 from cast_rl.inference.base import Completion, Sampling
-from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.records import Trajectory
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from typing import Any
 from cast_rl.critique.context import MALFORMED
 from cast_rl.critique.labeller import Labeller
 from cast_rl.critique.metrics import detection_metrics, verification_metrics
-from cast_rl.rollout.trajectory import Trajectory, VerificationRound
+from cast_rl.records import Trajectory, VerificationRound
 
 Judge = Callable[[Trajectory], dict[int, tuple[str, str]]]
 """Trajectory -> {message index of a well-formed action: its true (verdict, error_type)}."""

@@ -55,8 +55,8 @@ from cast_rl.critique.verifier import Critique, VerifyRequest
 from cast_rl.envs.core import DomainData
 from cast_rl.envs.types import RESPOND, Action
 from cast_rl.eval.passk import is_success, passk
+from cast_rl.records import CRITIC_NAME, Trajectory
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec, EpisodeState, tree_points
-from cast_rl.rollout.trajectory import CRITIC_NAME, Trajectory
 
 CRITIC_TOKENS = "critique_text"
 """How critic tokens are counted: the tokens of each critique the policy was shown."""

@@ -82,7 +82,7 @@ from cast_rl.eval.uncertainty import (
     passk_interval,
     passk_mdd,
 )
-from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.records import Trajectory
 
 logger = logging.getLogger(__name__)
 

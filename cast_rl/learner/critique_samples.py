@@ -1,6 +1,6 @@
 """Critique-aware training samples from trajectories, selected by ``algorithm.samples``.
 
-Every builder reads the runner's per-turn records (:class:`~cast_rl.rollout.trajectory.PolicyTurn`:
+Every builder reads the runner's per-turn records (:class:`~cast_rl.records.PolicyTurn`:
 the token span of each assistant message, its parsed action, the critic's verdict and whether it
 ran), never guesses turns from the loss mask.  A proposal the critic rejected never ran; no
 builder gives it a positive loss.  The kinds, combinable, are picked by name from
@@ -59,7 +59,7 @@ from typing import Any
 
 from cast_rl.config.schema import CastConfig
 from cast_rl.learner.sample import Sample
-from cast_rl.rollout.trajectory import PolicyTurn, Trajectory
+from cast_rl.records import PolicyTurn, Trajectory
 
 logger = logging.getLogger(__name__)
 

@@ -38,8 +38,8 @@ from cast_rl.inference.weight_sync import state_checksum
 from cast_rl.learner import checkpoint
 from cast_rl.learner.critique_samples import build_samples, zero_variance_groups
 from cast_rl.learner.sample import Sample
+from cast_rl.records import Trajectory
 from cast_rl.rollout.runner import env_steps
-from cast_rl.rollout.trajectory import Trajectory
 from cast_rl.telemetry.metrics import MetricsLogger
 
 logger = logging.getLogger(__name__)

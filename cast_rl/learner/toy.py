@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from cast_rl.inference.weight_sync import WeightSyncError, state_checksum
-from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.records import Trajectory
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from cast_rl.config import ConfigError, to_dict
 from cast_rl.config.schema import PIPELINE_STAGES, CastConfig, CriticConfig
 from cast_rl.critique.service import critic_description
 from cast_rl.envs.core import DomainData
-from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.records import Trajectory
 
 logger = logging.getLogger(__name__)
 

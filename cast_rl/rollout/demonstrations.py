@@ -16,6 +16,7 @@ from typing import Any
 
 from cast_rl.config.schema import CastConfig
 from cast_rl.envs.core import DomainData
+from cast_rl.records import Trajectory
 from cast_rl.rollout.expert import (  # noqa: F401 - re-exported: the warm-start's expert
     ASSISTANT_TURN,
     IDENTITY_QUESTION,
@@ -24,7 +25,6 @@ from cast_rl.rollout.expert import (  # noqa: F401 - re-exported: the warm-start
     tool_call_text,
 )
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
-from cast_rl.rollout.trajectory import Trajectory
 
 
 async def _demonstrate(cfg: CastConfig, data: DomainData, tokenizer: Any, spec: EpisodeSpec) -> Trajectory:

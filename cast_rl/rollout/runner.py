@@ -32,8 +32,8 @@ from cast_rl.envs.core import DomainData, Episode, StepTimeout
 from cast_rl.envs.types import RESPOND, Action
 from cast_rl.envs.users import build_user
 from cast_rl.inference.base import Completion, GenerationTimeout, InferenceEngine, Sampling
+from cast_rl.records import CRITIC_NAME, PolicyTurn, Trajectory, VerificationRound
 from cast_rl.rollout.tokens import ConversationTokens
-from cast_rl.rollout.trajectory import CRITIC_NAME, PolicyTurn, Trajectory, VerificationRound
 
 logger = logging.getLogger(__name__)
 

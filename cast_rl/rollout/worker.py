@@ -22,8 +22,8 @@ from cast_rl.critique.verifier import GuardedVerifier
 from cast_rl.envs.core import DomainData
 from cast_rl.inference.base import Completion, InferenceEngine, Sampling
 from cast_rl.inference.weight_sync import WeightSyncError, state_checksum
+from cast_rl.records import Trajectory
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
-from cast_rl.rollout.trajectory import Trajectory
 from cast_rl.rollout.verifiers import ConnectCritic, build_verifier
 
 logger = logging.getLogger(__name__)

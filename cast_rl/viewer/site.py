@@ -36,7 +36,7 @@ from typing import Any
 
 from cast_rl.critique.context import message_text
 from cast_rl.envs.types import is_success
-from cast_rl.rollout.trajectory import CRITIC_NAME
+from cast_rl.records import CRITIC_NAME
 from cast_rl.viewer.outcome import outcome_diff, resolve_data
 from cast_rl.viewer.sources import Source, discover, read_labels, read_records
 

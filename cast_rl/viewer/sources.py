@@ -9,7 +9,7 @@
   ``06_collect_with_critic/trajectories.jsonl`` and ``08_eval_after/trajectories/``;
 * any directory holding a ``trajectories.jsonl`` (a ``labels.jsonl`` beside it labels it).
 
-Lines are read as plain JSON objects, not through :class:`~cast_rl.rollout.trajectory.Trajectory`,
+Lines are read as plain JSON objects, not through :class:`~cast_rl.records.Trajectory`,
 so files written before or after a format change (new optional keys) still open; every field is
 read with a default.  A line that is not a JSON object is an error naming the file and the line.
 """

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cast_rl.rollout.trajectory import read_trajectories
+from cast_rl.records import read_trajectories
 
 PIPELINE_STAGES = "[collect,label,critic_data,eval_after]"
 

@@ -19,7 +19,7 @@ from datetime import date
 from cast_rl.critique.gold import gold_trajectory
 from cast_rl.critique.gold_domains import identities
 from cast_rl.envs.core import DomainData
-from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.records import Trajectory
 
 Values = dict[str, str]
 """The identifying call's arguments (``email``, ``user_id``, ``first_name`` + ``zip``, ...)."""

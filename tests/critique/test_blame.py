@@ -99,7 +99,7 @@ def test_critic_data_leaves_out_what_blame_did_not_confirm(setup, tmp_path: Path
 
     from cast_rl.critique.blame import confirmed_keys, write_blame
     from cast_rl.critique.datasets import build_critic_data
-    from cast_rl.rollout.trajectory import write_trajectories
+    from cast_rl.records import write_trajectories
 
     data, trajs, labels, runner_for = setup
     first_call = next(t for t in trajs[0].turns if t.action and t.action["name"] != RESPOND)

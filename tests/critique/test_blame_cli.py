@@ -19,9 +19,9 @@ from cast_rl.config import load_config
 from cast_rl.critique.labeller import Labeller
 from cast_rl.envs.core import load_domain_data
 from cast_rl.envs.generate import write_retail
+from cast_rl.records import write_trajectories
 from cast_rl.rollout.noisy_expert import NoisyExpertEngine
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
-from cast_rl.rollout.trajectory import write_trajectories
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from cast_rl.critique.datasets import LabelFormatError
 from cast_rl.critique.gold import gold_trajectory
 from cast_rl.critique.inject import INJECTORS, inject
 from cast_rl.envs.core import load_domain_data
-from cast_rl.rollout.trajectory import TrajectoryFormatError, write_trajectories
+from cast_rl.records import TrajectoryFormatError, write_trajectories
 from cast_rl.telemetry.metrics import read_offline_history
 
 

@@ -229,7 +229,7 @@ def test_trained_backend_without_critic_training_stops_before_anything_starts(tm
 
 def test_pipeline_report_labels_critics_and_copies_heldout_metrics(tmp_path: Path) -> None:
     from cast_rl.eval.report import EvalRun, build_report
-    from cast_rl.rollout.trajectory import Trajectory
+    from cast_rl.records import Trajectory
 
     def runs(critic: str) -> list[EvalRun]:
         traj = Trajectory(domain="retail", split="test", task_index=0, trial=0, reward=1.0, policy_version=0,

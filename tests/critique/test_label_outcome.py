@@ -17,7 +17,7 @@ from cast_rl.critique.gold import ConversationBuilder, gold_trajectory
 from cast_rl.critique.labeller import Labeller, label_file
 from cast_rl.envs.core import DomainData, load_domain_data
 from cast_rl.envs.types import Action
-from cast_rl.rollout.trajectory import CRITIC_NAME, Trajectory
+from cast_rl.records import CRITIC_NAME, Trajectory
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from cast_rl.critique.gold import ConversationBuilder, gold_trajectory
 from cast_rl.critique.labeller import Labeller
 from cast_rl.envs.core import load_domain_data
 from cast_rl.envs.types import Action
-from cast_rl.rollout.trajectory import CRITIC_NAME
+from cast_rl.records import CRITIC_NAME
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cast_rl.critique.metrics import detection_metrics, verification_metrics
-from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.records import Trajectory
 
 
 def test_detection_metrics_by_hand() -> None:

@@ -30,7 +30,7 @@ def _critic_data(data_dir: Path, out: Path) -> None:
     from cast_rl.critique.inject import INJECTORS, inject
     from cast_rl.critique.labeller import label_file
     from cast_rl.envs.core import load_domain_data
-    from cast_rl.rollout.trajectory import write_trajectories
+    from cast_rl.records import write_trajectories
 
     data = load_domain_data("retail", data_dir)
     trajs = []
@@ -49,7 +49,7 @@ def test_stage_05_critic_serves_stages_06_and_08(
     ray_local, tiny_model_dir: Path, retail_data_dir: Path, tmp_path: Path  # noqa: ANN001
 ) -> None:
     from cast_rl.config import load_config
-    from cast_rl.rollout.trajectory import read_trajectories
+    from cast_rl.records import read_trajectories
     from launchers.pipeline import run_pipeline
 
     run = tmp_path / "run"

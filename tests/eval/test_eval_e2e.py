@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cast_rl.rollout.trajectory import read_trajectories
+from cast_rl.records import read_trajectories
 
 
 @pytest.mark.slow

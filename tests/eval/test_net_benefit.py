@@ -100,7 +100,7 @@ def test_deferential_teacher_switches_the_cancel_reason_after_a_rejection(compac
     for defers in (False, True):
         engine = NoisyExpertEngine(tok, task, data.spec.write_tools, None, defers=defers)
         traj = asyncio.run(EpisodeRunner(cfg, data, engine, RejectCancels()).run(EpisodeSpec("train", 0, 0)))
-        (cancel,) = [t.action for t in traj.policy_turns() if t.executed and t.action["name"] == "cancel_pending_order"]
+        (cancel,) = [t.action for t in traj.turns if t.executed and t.action["name"] == "cancel_pending_order"]
         ran[defers] = (cancel["kwargs"]["reason"], traj.reward)
     assert ran[False] == (gold.kwargs["reason"], 1.0)
     assert ran[True][0] != gold.kwargs["reason"] and ran[True][1] == 0.0

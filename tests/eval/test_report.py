@@ -16,7 +16,7 @@ from cast_rl.eval.report import (
     sample_rows,
     write_report,
 )
-from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.records import Trajectory
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -12,7 +12,7 @@ import pytest
 
 from cast_rl.config import load_config
 from cast_rl.eval.report import EvalRun, build_report, render_markdown
-from cast_rl.rollout.trajectory import Trajectory
+from cast_rl.records import Trajectory
 
 
 def traj(domain: str, task: int, trial: int, reward: float) -> Trajectory:

@@ -21,7 +21,7 @@ from cast_rl.learner.critique_samples import (
     verl_advantages,
     zero_variance_groups,
 )
-from cast_rl.rollout.trajectory import PolicyTurn, Trajectory
+from cast_rl.records import PolicyTurn, Trajectory
 
 # A critiqued episode, laid out like the rollout runner writes it:
 # 0 system, 1 user, 2 assistant (rejected), 3 critic, 4 assistant (revision, accepted), 5 tool,

@@ -24,7 +24,7 @@ from cast_rl.config.schema import DOMAIN_NAMES
 from cast_rl.critique.datasets import LabelFormatError, read_labels
 from cast_rl.inference.base import Completion, Sampling
 from cast_rl.models.chat import TOOL_CALL_RE, ParsedTurn, parse_assistant
-from cast_rl.rollout.trajectory import (
+from cast_rl.records import (
     Trajectory,
     TrajectoryFormatError,
     read_trajectories,

@@ -85,8 +85,8 @@ def test_planted_api_key_appears_in_no_file_stream_or_log_record(
     from cast_rl.envs.core import load_domain_data
     from cast_rl.eval.report import EvalRun, build_report, write_report
     from cast_rl.inference.base import Sampling
+    from cast_rl.records import write_trajectories
     from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
-    from cast_rl.rollout.trajectory import write_trajectories
     from cast_rl.telemetry.metrics import MetricsLogger
 
     canary = f"sk-cast-rl-canary-{uuid.uuid4().hex}"

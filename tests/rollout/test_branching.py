@@ -16,9 +16,9 @@ import pytest
 
 from cast_rl.critique.verifier import RuleVerifier
 from cast_rl.envs.types import Action
+from cast_rl.records import Trajectory
 from cast_rl.rollout.noisy_expert import NoisyExpertEngine
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec, EpisodeState, ReplayDiverged
-from cast_rl.rollout.trajectory import Trajectory
 
 SPEC = EpisodeSpec("train", 0, 0)
 

@@ -15,8 +15,7 @@ import pytest
 from cast_rl.config import load_config
 from cast_rl.envs.core import load_domain_data
 from cast_rl.inference.base import Completion, Sampling
-from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
-from cast_rl.rollout.trajectory import (
+from cast_rl.records import (
     PolicyTurn,
     Trajectory,
     TrajectoryFormatError,
@@ -24,6 +23,7 @@ from cast_rl.rollout.trajectory import (
     read_trajectories,
     write_trajectories,
 )
+from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 
 
 class ScriptedEngine:

@@ -23,7 +23,7 @@ from cast_rl.critique.rationale import Evidence, Rationale, format_critique
 from cast_rl.envs.core import DomainData, ToolEnv
 from cast_rl.envs.setup import load_env_data
 from cast_rl.envs.types import STOP_TOKEN, Action
-from cast_rl.rollout.trajectory import CRITIC_NAME, Trajectory
+from cast_rl.records import CRITIC_NAME, Trajectory
 
 SPLIT = "test"
 POLICY_CLAUSE = "Before any action that changes the database"
