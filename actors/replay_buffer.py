@@ -15,6 +15,7 @@ from cast_rl.config.schema import ReplayBufferConfig
 from cast_rl.learner.batch import shard
 from cast_rl.learner.loop import batch_metrics
 from cast_rl.learner.sample import Sample
+from cast_rl.records import Trajectory
 from cast_rl.replay.buffer import AddResult, ReplayBuffer
 
 
@@ -25,8 +26,8 @@ class ReplayBufferActor:
     def __init__(self, cfg: ReplayBufferConfig, log_path: str | None, batch_size: int) -> None:
         self.buffer = ReplayBuffer(cfg, log_path, batch_size)
 
-    def add(self, samples: list[Sample]) -> AddResult:
-        return self.buffer.add(samples)
+    def add(self, samples: list[Sample], trajectories: list[Trajectory] | None = None) -> AddResult:
+        return self.buffer.add(samples, trajectories)
 
     def admit(self, policy_version: int, n: int, timeout_s: float | None = None) -> bool:
         return self.buffer.admit(policy_version, n, timeout_s)
@@ -66,8 +67,8 @@ class ReplayBufferClient:
         actor: Any = ReplayBufferActor
         self.handle = actor.options(**options).remote(cfg, str(log_path) if log_path else None, batch_size)
 
-    def add(self, samples: list[Sample]) -> AddResult:
-        return ray.get(self.handle.add.remote(samples))
+    def add(self, samples: list[Sample], trajectories: list[Trajectory] | None = None) -> AddResult:
+        return ray.get(self.handle.add.remote(samples, trajectories))
 
     def admit(self, policy_version: int, n: int, timeout_s: float | None = None) -> bool:
         return ray.get(self.handle.admit.remote(policy_version, n, timeout_s))

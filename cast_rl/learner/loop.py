@@ -218,7 +218,7 @@ class TrainLoop:
         else:
             trajs = self.collector.collect(units)
         samples = build_samples(trajs, self._sample_cfg, round_id)
-        added = self.buffer.add(samples)
+        added = self.buffer.add(samples, trajs)  # the log refers to the trajectories' tokens
         self._last_collection = collection_metrics(trajs)
         return trajs, added.accepted
 

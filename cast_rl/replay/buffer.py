@@ -15,7 +15,13 @@ Behaviour, all configured by :class:`~cast_rl.config.schema.ReplayBufferConfig`:
   batch size, so samples are not generated only to be dropped.
 * **Durability.** Every operation is appended to a JSON Lines log (``add`` with the sample,
   ``consume`` with the keys and a sequence number, ``drop`` with the keys and the reason,
-  ``rewind``).  A new buffer on the same log recovers every accepted sample that was not
+  ``rewind``).  Samples cut from trajectories (``add(samples, trajectories)``) do not repeat
+  their token ids there: the trajectories go once to ``<log>.trajectories.jsonl`` (the run's
+  rollouts, readable by ``cast-rl view``) and the ``add`` line keeps the sample's scalars and a
+  ``ref``: the trajectory's byte offset, the sample's length (a prefix of the trajectory's
+  tokens), its loss mask as ``[start, end)`` runs and whether its logprobs are the trajectory's,
+  those masked by the loss mask, or zero (supervised).  A ref is written only when it rebuilds the sample exactly;
+  anything else (supervised examples from files) is logged whole.  A new buffer on the same log recovers every accepted sample that was not
   consumed or dropped, and never re-serves consumed ones.  :meth:`ReplayBuffer.cursor` is the
   sequence number of the last draw; a learner that resumes from a checkpoint taken at cursor c
   calls :meth:`ReplayBuffer.rewind` (c), which puts back what later draws took, so the resumed
@@ -38,6 +44,7 @@ from typing import Any
 
 from cast_rl.config.schema import ReplayBufferConfig
 from cast_rl.learner.sample import Sample
+from cast_rl.records import Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +81,8 @@ class ReplayBuffer:
         self.batch_size = batch_size
         """Samples per learner step; used only to throttle producers under stale_policy=wait."""
         self.log_path = Path(log_path) if log_path else None
+        self.trajectory_path = self.log_path.with_suffix(".trajectories.jsonl") if self.log_path else None
+        """Where trajectories given to :meth:`add` are written (the log's ``ref`` offsets)."""
         self._cond = threading.Condition()
         self._closed: str | None = None
         self.learner_version = 0
@@ -113,7 +122,7 @@ class ReplayBuffer:
         for rec in records:
             op = rec["op"]
             if op == "add":
-                sample = Sample.from_json(rec["sample"])
+                sample = self._rebuild(rec)
                 data[sample.key] = sample
                 self._items[sample.key] = sample
                 self._seen.add(sample.key)
@@ -145,6 +154,64 @@ class ReplayBuffer:
                 raise ValueError(f"{self.log_path}: unknown replay log op {op!r}")
         s.size = len(self._items)
 
+    def _rebuild(self, rec: dict[str, Any]) -> Sample:
+        """The sample of an ``add`` record: whole, or from its trajectory ``ref``."""
+        ref = rec.get("ref")
+        if ref is None:
+            return Sample.from_json(rec["sample"])
+        with self.trajectory_path.open("rb") as f:
+            f.seek(ref["offset"])
+            traj = Trajectory.from_json(json.loads(f.readline()))
+        n = ref["length"]
+        mask = [0] * n
+        for start, end in ref["mask"]:
+            mask[start:end] = [1] * (end - start)
+        logprobs = traj.logprobs[:n]
+        if ref["logprobs"] == "masked":
+            logprobs = [lp if m else 0.0 for lp, m in zip(logprobs, mask)]
+        elif ref["logprobs"] == "zero":
+            logprobs = [0.0] * n
+        return Sample(**rec["sample"], token_ids=traj.token_ids[:n], loss_mask=mask, logprobs=logprobs)
+
+    def _write_trajectories(self, trajectories: list[Trajectory]) -> list[tuple[int, Trajectory]]:
+        """Append to the trajectory file; (byte offset, trajectory) of each line."""
+        assert self.trajectory_path is not None
+        self.trajectory_path.parent.mkdir(parents=True, exist_ok=True)
+        written = []
+        with self.trajectory_path.open("ab") as f:
+            for traj in trajectories:
+                written.append((f.tell(), traj))
+                f.write(json.dumps(traj.to_json(), ensure_ascii=False).encode() + b"\n")
+        return written
+
+    def _add_record(self, sample: Sample, sources: list[tuple[int, Trajectory]]) -> dict[str, Any]:
+        """The log line of an accepted sample: a ``ref`` into the trajectory file when one of
+        ``sources`` rebuilds it exactly, else the whole sample."""
+        n = len(sample.token_ids)
+        for offset, traj in sources:
+            if (len(traj.token_ids) < n or (n and traj.token_ids[n - 1] != sample.token_ids[-1])
+                    or traj.token_ids[:n] != sample.token_ids):
+                continue
+            runs, start = [], None
+            for i, m in enumerate([*sample.loss_mask, 0]):
+                if m and start is None:
+                    start = i
+                elif not m and start is not None:
+                    runs.append([start, i])
+                    start = None
+            if sample.logprobs == traj.logprobs[:n]:
+                mode = "trajectory"
+            elif sample.logprobs == [lp if m else 0.0 for lp, m in zip(traj.logprobs[:n], sample.loss_mask)]:
+                mode = "masked"
+            elif not any(sample.logprobs):  # supervised samples carry no behaviour logprobs
+                mode = "zero"
+            else:
+                continue
+            header = {k: v for k, v in sample.to_json().items() if k not in ("token_ids", "loss_mask", "logprobs")}
+            return {"op": "add", "sample": header,
+                    "ref": {"offset": offset, "length": n, "mask": runs, "logprobs": mode}}
+        return {"op": "add", "sample": sample.to_json()}
+
     def _log(self, record: dict[str, Any]) -> None:
         if self.log_path is None:
             return
@@ -154,15 +221,20 @@ class ReplayBuffer:
 
     # ------------------------------------------------------------------ producers
 
-    def add(self, samples: list[Sample]) -> AddResult:
-        """Accept new samples (ignoring keys already seen); drops the oldest beyond capacity."""
+    def add(self, samples: list[Sample], trajectories: list[Trajectory] | None = None) -> AddResult:
+        """Accept new samples (ignoring keys already seen); drops the oldest beyond capacity.
+
+        ``trajectories``: those the samples were cut from; the log then refers to them instead
+        of repeating their tokens (module doc)."""
         result = AddResult()
         with self._cond:
+            fresh = [s for s in samples if s.key not in self._seen]
+            sources = self._write_trajectories(trajectories) if trajectories and fresh and self.log_path else []
             for sample in samples:
                 if sample.key in self._seen:
                     result.duplicates += 1
                     continue
-                self._log({"op": "add", "sample": sample.to_json()})
+                self._log(self._add_record(sample, sources) if self.log_path else {})
                 self._seen.add(sample.key)
                 self._items[sample.key] = sample
                 result.accepted += 1

@@ -156,3 +156,33 @@ def test_supervised_samples_from_parquet(learner_model_dir: Path, tmp_path: Path
     assert prompt.endswith("assistant\n") and "Is this action valid?" in prompt
     assert tok.decode(s.token_ids[n_prompt:]) == '{"verdict": "valid"}' + tok.eos_token
     assert all(s.loss_mask[n_prompt:])
+
+
+def test_replay_log_refers_to_trajectories_instead_of_repeating_their_tokens(tmp_path: Path) -> None:
+    """Samples cut from trajectories are logged as refs into one trajectory file; a buffer on the
+    same log rebuilds them exactly; a sample no trajectory gives is logged whole."""
+    from cast_rl.config.schema import ReplayBufferConfig
+    from cast_rl.learner.sample import Sample
+    from cast_rl.replay import ReplayBuffer
+
+    cfg = load_config(None, ["algorithm.samples=[outcome_groups,revision,supervised]"])
+    trajs = [_traj(0, t, float(t % 2), [ROUND]) for t in range(4)] + [_traj(1, t, float(t < 2)) for t in range(4)]
+    samples = build_samples(trajs, cfg, "r0")
+    assert {s.source for s in samples} == {"outcome_groups", "revision", "supervised"}
+    other = Sample("parquet/x/0", "supervised", [7, 8, 9], [0, 1, 1], [0.0, 0.0, 0.0])
+
+    log = tmp_path / "replay" / "log.jsonl"
+    buf = ReplayBuffer(ReplayBufferConfig(capacity=1000), log)
+    assert buf.add(samples, trajs).accepted == len(samples)
+    buf.add([other])
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    adds = [x for x in lines if x["op"] == "add"]
+    assert all("ref" in x and "token_ids" not in x["sample"] for x in adds[:-1])
+    assert "ref" not in adds[-1] and adds[-1]["sample"]["token_ids"] == [7, 8, 9]
+    assert buf.trajectory_path.read_text().count("\n") == len(trajs)
+    whole = sum(len(json.dumps({"op": "add", "sample": s.to_json()}, separators=(",", ":"))) + 1 for s in samples)
+    assert log.stat().st_size < whole  # the tokens are not written again (tiny toy sequences here)
+
+    again = ReplayBuffer(ReplayBufferConfig(capacity=1000), log)
+    drawn = again.sample(len(samples) + 1, 0)
+    assert [s.to_json() for s in drawn] == [s.to_json() for s in [*samples, other]]
