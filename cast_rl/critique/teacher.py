@@ -6,15 +6,15 @@ answers in the same fixed format.  Its rewrite is kept only when it parses, keep
 the error type, and passes the same leakage check as the rule-based rationale; otherwise it is
 discarded (and counted) and the rule-based rationale stays.
 
-Any :class:`~cast_rl.inference.base.InferenceEngine` can teach; :class:`OpenAIChat` is a minimal
-engine for an OpenAI-compatible endpoint (text only).
+Any :class:`~cast_rl.inference.base.InferenceEngine` can teach: ``teacher.inference.backend``
+picks it (vllm for a local model, openai for an OpenAI-compatible endpoint, through
+:func:`cast_rl.inference.build_engine` like every other model).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ from cast_rl.critique.rationale import Rationale, format_critique, leakage_probl
 from cast_rl.critique.verifier import VerifyRequest
 from cast_rl.envs.core import DomainData
 from cast_rl.inference import build_engine
-from cast_rl.inference.base import Completion, Sampling
+from cast_rl.inference.base import Sampling
 from cast_rl.records import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -38,34 +38,6 @@ show. Answer in the critique format only.
 
 # Rule-based critique
 {critique}"""
-
-
-class OpenAIChat:
-    """An OpenAI-compatible chat endpoint as a (text-only) inference engine."""
-
-    tokenizer: Any = None
-
-    def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY") -> None:
-        from openai import AsyncOpenAI
-
-        self.model = model
-        self._client = AsyncOpenAI(base_url=base_url, api_key=os.environ.get(api_key_env, "EMPTY"))
-
-    async def chat(
-        self, messages: list[dict[str, Any]], sampling: Sampling, tools: list[dict[str, Any]] | None = None
-    ) -> Completion:
-        response = await self._client.chat.completions.create(
-            model=self.model,
-            messages=messages,  # type: ignore[arg-type]
-            max_tokens=sampling.max_new_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-        )
-        choice = response.choices[0]
-        return Completion(text=choice.message.content or "", finish_reason=choice.finish_reason or "stop")
-
-    async def close(self) -> None:
-        await self._client.close()
 
 
 @dataclass
@@ -127,9 +99,6 @@ class Teacher:
 def build_teacher_engine(cfg: TeacherConfig, seed: int = 0) -> Any:
     """The engine of ``teacher.inference.backend``: an OpenAI-compatible endpoint (openai, the
     model named ``teacher.model.path``) or the local model at ``teacher.model.path``."""
-    if cfg.inference.backend == "openai":
-        return OpenAIChat(cfg.inference.base_url, cfg.model.path, cfg.inference.api_key_env)
-
     return build_engine(cfg.model.path, cfg.inference, seed=seed)
 
 

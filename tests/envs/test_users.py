@@ -1,5 +1,6 @@
 """User simulators: the scripted customer through a real Episode, the LLM customer's history,
-timeouts and its OpenAI-compatible adapter (against a local HTTP server), and ``build_user``.
+timeouts and its OpenAI-compatible engine (``user.inference.backend=openai``, against a local HTTP
+server), and ``build_user``.
 
 Run: .venv/bin/python -m pytest tests/envs/test_users.py -q
 """
@@ -14,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from cast_rl.config.schema import InferenceConfig, UserConfig
+from cast_rl.config.schema import InferenceConfig, ModelConfig, UserConfig
 from cast_rl.envs.core import DomainData, Episode, load_domain_data
 from cast_rl.envs.domain import get_domain
 from cast_rl.envs.generate import write_retail
 from cast_rl.envs.types import RESPOND, STOP_TOKEN, Action, StepResult, Task
-from cast_rl.envs.users import LLMUser, ScriptedUser, UserSimulatorTimeout, build_user
-from cast_rl.envs.users.llm import OPENING, openai_complete
+from cast_rl.envs.users import LLMUser, ScriptedUser, UserSimulatorTimeout, build_user, user_engine
+from cast_rl.envs.users.llm import OPENING
 
 WRITES = get_domain("retail").write_tools
 IDENTITY_QUESTION = "Could you give me your email, or your first name, last name and zip code?"
@@ -283,14 +284,18 @@ def chat_server() -> Any:
     server.server_close()
 
 
-def test_openai_adapter_reads_the_key_from_the_named_variable(
+def test_openai_user_engine_reads_the_key_from_the_named_variable(
     chat_server: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    cfg = UserConfig(type="llm", model=ModelConfig(path="user-model", make_tiny_if_missing=False),
+                     inference=InferenceConfig(backend="openai", base_url=chat_server,
+                                               api_key_env="CAST_TEST_USER_KEY", max_new_tokens=7))
     monkeypatch.delenv("CAST_TEST_USER_KEY", raising=False)
-    with pytest.raises(ValueError, match="CAST_TEST_USER_KEY is not set"):
-        openai_complete(chat_server, "user-model", "CAST_TEST_USER_KEY")
+    with pytest.raises(ValueError, match="CAST_TEST_USER_KEY .*is not set"):
+        user_engine(cfg)
     monkeypatch.setenv("CAST_TEST_USER_KEY", "sk-secret-123")
-    complete = openai_complete(chat_server, "user-model", "CAST_TEST_USER_KEY", max_tokens=7)
+    engine, complete = user_engine(cfg)
+    assert complete is not None
     user = LLMUser(complete, timeout_s=30)
     with caplog.at_level("DEBUG"):
         assert asyncio.run(user.reset(TASK, None)) == "Hello there!"

@@ -81,7 +81,8 @@ def test_planted_api_key_appears_in_no_file_stream_or_log_record(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from cast_rl.critique.teacher import OpenAIChat
+    from cast_rl.config.schema import InferenceConfig, ModelConfig, TeacherConfig
+    from cast_rl.critique.teacher import build_teacher_engine
     from cast_rl.envs.core import load_domain_data
     from cast_rl.eval.report import EvalRun, build_report, write_report
     from cast_rl.inference.base import Sampling
@@ -107,7 +108,9 @@ def test_planted_api_key_appears_in_no_file_stream_or_log_record(
     assert [t.info["termination"] for t in trajectories] == ["user_stop", "user_stop"]
 
     async def teach() -> str:
-        teacher = OpenAIChat(stub_server, "stub-teacher")
+        teacher = build_teacher_engine(TeacherConfig(
+            model=ModelConfig(path="stub-teacher", make_tiny_if_missing=False),
+            inference=InferenceConfig(backend="openai", base_url=stub_server)))
         try:
             return (await teacher.chat([{"role": "user", "content": "rewrite"}], Sampling(max_new_tokens=8))).text
         finally:

@@ -3,9 +3,11 @@
 ``scripted``: :class:`~cast_rl.envs.users.scripted.ScriptedUser`, deterministic rules, no model
 (all four domains; ``user.trait`` picks a tau-trait trait, :mod:`cast_rl.envs.users.traits`).
 ``llm``: :class:`~cast_rl.envs.users.llm.LLMUser` over an injected ``complete`` callable: the
-user model's own in-process engine (``user.inference.backend=vllm``, :func:`user_engine`, which
-each rollout worker starts beside its policy engine), or, when none is given and
-``user.inference.backend`` is ``openai``, that endpoint serving ``user.model.path``.
+user model's engine built by :func:`user_engine` (which each rollout worker starts beside its
+policy engine): in process (``user.inference.backend=vllm``) or an OpenAI-compatible endpoint
+serving ``user.model.path`` (``openai``, :class:`~cast_rl.inference.openai_engine.OpenAIEngine`);
+when no ``complete`` is given and the backend is ``openai``, :func:`build_user` opens that
+endpoint itself.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from cast_rl.envs.users.llm import (
     LLMUser,
     UserSimulatorTimeout,
     engine_complete,
-    openai_complete,
 )
 from cast_rl.envs.users.scripted import ScriptedUser
 from cast_rl.envs.users.traits import Trait
@@ -49,17 +50,10 @@ def _llm(cfg: UserConfig, complete: Complete | None, seed: int) -> UserSimulator
             raise ValueError(
                 f"user.type='llm' with user.inference.backend={cfg.inference.backend!r} needs an "
                 "engine: the rollout worker passes its in-process user engine "
-                "(cast_rl.envs.users.engine), or set user.inference.backend=openai and "
+                "(cast_rl.envs.users.user_engine), or set user.inference.backend=openai and "
                 "user.inference.base_url"
             )
-        complete = openai_complete(
-            cfg.inference.base_url,
-            cfg.model.path,
-            cfg.inference.api_key_env,
-            temperature=cfg.inference.temperature,
-            max_tokens=cfg.inference.max_new_tokens,
-            request_timeout_s=cfg.inference.request_timeout_s,
-        )
+        complete = engine_complete(build_engine(cfg.model.path, cfg.inference, seed=seed), cfg.inference)
     return LLMUser(complete, timeout_s=cfg.timeout_s, trait=Trait(cfg.trait, cfg.trait_level))
 
 
@@ -70,16 +64,17 @@ USER_BUILDERS: dict[str, Callable[[UserConfig, Complete | None, int], UserSimula
 
 
 def user_engine(cfg: UserConfig, seed: int = 0) -> tuple[Any, Complete | None]:
-    """For ``user.type=llm`` with ``user.inference.backend=vllm``: the user model's own engine
-    (built from ``user.model``, a tiny one first if it is missing and allowed) and the
-    ``complete`` that serves :class:`LLMUser` from it; otherwise ``(None, None)``.
+    """For ``user.type=llm``: the user model's engine and the ``complete`` that serves
+    :class:`LLMUser` from it, otherwise ``(None, None)``.  ``user.inference.backend=vllm`` starts
+    an in-process engine from ``user.model`` (a tiny one first if it is missing and allowed);
+    ``openai`` opens the endpoint ``user.inference.base_url`` serving ``user.model.path``.
 
     The caller owns the engine and closes it (the rollout worker does, with its policy engine).
     """
-    if cfg.type != "llm" or cfg.inference.backend != "vllm":
+    if cfg.type != "llm" or cfg.inference.backend not in ("vllm", "openai"):
         return None, None
-
-    engine = build_engine(str(ensure_model(cfg.model)), cfg.inference, seed=seed)
+    path = str(ensure_model(cfg.model)) if cfg.inference.backend == "vllm" else cfg.model.path
+    engine = build_engine(path, cfg.inference, seed=seed)
     return engine, engine_complete(engine, cfg.inference)
 
 

@@ -7,10 +7,10 @@ a time, reveal information only when needed, never invent facts, end with ``###S
 the goal is met) and the agent's opening line "Hi! How can I help you today?".
 
 The model is reached through an injected ``complete(messages) -> str`` coroutine, so any engine
-can serve it: :func:`engine_complete` adapts an in-process engine (``user.inference.backend=vllm``:
-each rollout worker starts the user model's own vLLM engine, :func:`cast_rl.envs.users.user_engine`),
-and :func:`openai_complete` an OpenAI-compatible endpoint, reading its API key only from a named
-environment variable.  A call slower than ``timeout_s`` raises
+can serve it: :func:`engine_complete` adapts any :class:`~cast_rl.inference.InferenceEngine`
+(each rollout worker builds the user model's engine, :func:`cast_rl.envs.users.user_engine`: its
+own vLLM engine, or an OpenAI-compatible endpoint through
+:class:`~cast_rl.inference.openai_engine.OpenAIEngine`).  A call slower than ``timeout_s`` raises
 :class:`UserSimulatorTimeout`.  Replies are stripped of surrounding whitespace.
 """
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -103,8 +102,8 @@ class LLMUser:
 
 
 def engine_complete(engine: Any, cfg: Any) -> Complete:
-    """A ``complete`` callable over an in-process :class:`~cast_rl.inference.InferenceEngine`
-    (the user's own vLLM engine), sampling as ``cfg`` (an ``InferenceConfig``) says."""
+    """A ``complete`` callable over an :class:`~cast_rl.inference.InferenceEngine`
+    (the user model's engine), sampling as ``cfg`` (an ``InferenceConfig``) says."""
     sampling = Sampling(
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
         logprobs=False,
@@ -115,38 +114,3 @@ def engine_complete(engine: Any, cfg: Any) -> Complete:
 
     return complete
 
-
-def openai_complete(
-    base_url: str,
-    model: str,
-    api_key_env: str = "OPENAI_API_KEY",
-    *,
-    temperature: float = 1.0,
-    max_tokens: int = 256,
-    request_timeout_s: float = 120.0,
-) -> Complete:
-    """A ``complete`` callable for an OpenAI-compatible chat endpoint.
-
-    The key is read from the environment variable ``api_key_env`` (set any non-empty value for a
-    local server that ignores keys); it is never logged or put in an error message.
-    """
-    from openai import AsyncOpenAI
-
-    api_key = os.environ.get(api_key_env)
-    if not api_key:
-        raise ValueError(
-            f"environment variable {api_key_env} is not set; export the API key there "
-            "(any non-empty value for a local server without keys)"
-        )
-    client = AsyncOpenAI(base_url=base_url or None, api_key=api_key, timeout=request_timeout_s)
-
-    async def complete(messages: list[dict[str, str]]) -> str:
-        response = await client.chat.completions.create(
-            model=model,
-            messages=messages,  # type: ignore[arg-type]
-            temperature=temperature,
-            max_tokens=max_tokens,
-        )
-        return response.choices[0].message.content or ""
-
-    return complete
