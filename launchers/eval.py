@@ -60,7 +60,7 @@ def eval_budgets(cfg: CastConfig) -> list[int]:
 
 def eval_trials(cfg: CastConfig) -> int:
     """n: trials per task (``eval.trials``, else ``rollout.trials_per_task``)."""
-    n = cfg.eval.trials or cfg.rollout.trials_per_task
+    n = cfg.rollout.trials_per_task if cfg.eval.trials is None else cfg.eval.trials
     if cfg.eval.k_values and max(cfg.eval.k_values) > n:  # also checked when the config loads
         raise ValueError(f"eval.k_values={cfg.eval.k_values} needs n >= {max(cfg.eval.k_values)}, got n={n}")
     return n
