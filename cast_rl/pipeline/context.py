@@ -145,7 +145,7 @@ class PipelineContext:
         cfg = self.with_policy()
         pipe = self.cfg.pipeline
         n = len(self.data.tasks(pipe.train_split))
-        indices = list(range(min(pipe.train_tasks, n))) if pipe.train_tasks else []
+        indices = [] if pipe.train_tasks is None else list(range(min(pipe.train_tasks, n)))
         return dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, split=pipe.train_split, task_indices=indices))
 
     def rollout_group(self) -> Collector:
