@@ -58,6 +58,40 @@ def test_bad_key_or_value_names_the_key(override: str, expected: str) -> None:
     assert "\n" not in message
 
 
+SENTINELS = {
+    "eval.trials": 3, "algorithm.tasks_per_step": 2, "algorithm.clip_ratio_low": 0.1,
+    "algorithm.clip_ratio_high": 0.28, "learner.grad_clip": 0.5,  # its default is 1.0; None disables
+    "learner.max_tokens_per_micro_batch": 64, "pipeline.train_tasks": 2, "pipeline.benefit_tasks": 2,
+}
+"""Keys where None (once 0) means "the other value" or "off", with a value each."""
+
+
+@pytest.mark.parametrize("key", sorted(SENTINELS))
+def test_none_sentinels_take_none_and_values(key: str) -> None:
+    section, name = key.split(".")
+    assert getattr(getattr(load_config(), section), name) == (1.0 if key == "learner.grad_clip" else None)
+    assert getattr(getattr(load_config(None, [f"{key}=null"]), section), name) is None
+    assert getattr(getattr(load_config(None, [f"{key}={SENTINELS[key]}"]), section), name) == SENTINELS[key]
+
+
+def test_none_sentinels_resolve_in_their_readers() -> None:
+    from cast_rl.learner.batch import split_micro_batches
+    from cast_rl.learner.loop import tasks_per_step
+    from cast_rl.learner.sample import Sample
+    from launchers.eval import eval_trials
+
+    cfg = load_config(None, ["rollout.trials_per_task=4", "learner.global_batch_size=16"])
+    assert eval_trials(cfg) == 4 and tasks_per_step(cfg) == 4
+    cfg = load_config(None, ["eval.trials=2", "algorithm.tasks_per_step=3"])
+    assert eval_trials(cfg) == 2 and tasks_per_step(cfg) == 3
+    samples = [Sample(f"s{i}", "outcome_groups", [1] * 10, [1] * 10, [0.0] * 10) for i in range(4)]
+    assert [len(g) for g in split_micro_batches(samples, 4, None)] == [4]
+    assert [len(g) for g in split_micro_batches(samples, 4, 20)] == [2, 2]
+    for key in ("eval.trials", "algorithm.tasks_per_step", "pipeline.train_tasks"):
+        with pytest.raises(ConfigError, match=f"{key}=0 is not allowed"):
+            load_config(None, [f"{key}=0"])
+
+
 def test_bad_key_in_yaml_names_file_and_key(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("learner:\n  lr: 1e-6\n  warmup: 3\n")

@@ -10,7 +10,7 @@ Run::
     cast-rl benefit env.data_dir=D env.split=train policy.path=TOKENIZER_DIR \\
         pipeline.benefit_policy=noisy_expert pipeline.benefit_error_rate=1.0 pipeline.benefit_fp_rate=0.3 --out OUT
 
-Each task of ``env.split`` (the first ``pipeline.benefit_tasks``; 0: all) runs
+Each task of ``env.split`` (the first ``pipeline.benefit_tasks``; None: all) runs
 ``pipeline.benefit_trials`` trials at every budget of ``pipeline.benefit_budgets`` with the critic
 of ``critic.*`` (in this process; wrapped to add false positives at ``pipeline.benefit_fp_rate``).
 At every flagged action both branches (the proposal run unchecked, the revision) continue
@@ -49,7 +49,7 @@ def _benefit(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     data = load_env_data(cfg)
     tasks = list(range(len(data.tasks(cfg.env.split))))
-    tasks = tasks[: cfg.pipeline.benefit_tasks or None]
+    tasks = tasks[: cfg.pipeline.benefit_tasks]
 
     async def run():  # noqa: ANN202
         verifier = build_verifier(cfg.critic, {data.domain: data.tools})

@@ -387,8 +387,8 @@ class LearnerConfig:
     """Sequences per forward/backward pass."""
     global_batch_size: int = 16
     """Sequences per optimizer step across all workers."""
-    grad_clip: float = 1.0
-    """Gradient-norm clip (0 disables)."""
+    grad_clip: float | None = 1.0
+    """Gradient-norm clip (None disables)."""
     mixed_precision: str = "no"
     """no or bf16 (GPUs)."""
     activation_checkpointing: bool = False
@@ -404,9 +404,9 @@ class LearnerConfig:
     master_addr: str = "127.0.0.1"
     """torch.distributed rendezvous address; auto uses the node IP of learner rank 0 (needed
     when the learner spans nodes)."""
-    max_tokens_per_micro_batch: int = 0
+    max_tokens_per_micro_batch: int | None = None
     """Also split a micro-batch when its padded size (sequences x longest) would exceed this
-    many tokens (0: micro_batch_size alone decides)."""
+    many tokens (None: micro_batch_size alone decides)."""
     max_restarts: int = 3
     """Times a training run rebuilds the learner group and resumes from the latest checkpoint
     after a learner worker (or another actor it waits on) dies; 0 lets the failure end the run."""
@@ -418,7 +418,8 @@ class LearnerConfig:
         _check_ray_resources("learner.ray_resources", self.ray_resources)
         _check_positive("learner.num_workers", self.num_workers)
         _check_positive("learner.num_cpus_per_worker", self.num_cpus_per_worker, allow_zero=True)
-        _check_positive("learner.max_tokens_per_micro_batch", self.max_tokens_per_micro_batch, allow_zero=True)
+        if self.max_tokens_per_micro_batch is not None:
+            _check_positive("learner.max_tokens_per_micro_batch", self.max_tokens_per_micro_batch)
         _check_positive("learner.max_restarts", self.max_restarts, allow_zero=True)
         if not self.master_addr:
             raise ValueError("learner.master_addr='' is not allowed; give an address or auto")
@@ -426,7 +427,8 @@ class LearnerConfig:
         _check_positive("learner.weight_decay", self.weight_decay, allow_zero=True)
         _check_positive("learner.micro_batch_size", self.micro_batch_size)
         _check_positive("learner.global_batch_size", self.global_batch_size)
-        _check_positive("learner.grad_clip", self.grad_clip, allow_zero=True)
+        if self.grad_clip is not None:
+            _check_positive("learner.grad_clip", self.grad_clip)
         _check_choice("learner.mixed_precision", self.mixed_precision, ("no", "bf16"))
         _check_positive("learner.num_gpus_per_worker", self.num_gpus_per_worker, allow_zero=True)
         _check_positive("learner.checkpoint_every", self.checkpoint_every, allow_zero=True)
@@ -491,10 +493,10 @@ class AlgorithmConfig:
     """Optimizer steps of policy optimisation."""
     mode: str = "sync"
     """sync (collect, train, sync) or async (rollouts run while the learner trains)."""
-    clip_ratio_low: float = 0.0
-    """Lower PPO clip range (0: clip_ratio)."""
-    clip_ratio_high: float = 0.0
-    """Upper PPO clip range (0: clip_ratio; e.g. 0.28 for DAPO's clip-higher)."""
+    clip_ratio_low: float | None = None
+    """Lower PPO clip range (None: clip_ratio)."""
+    clip_ratio_high: float | None = None
+    """Upper PPO clip range (None: clip_ratio; e.g. 0.28 for DAPO's clip-higher)."""
     clip_ratio_c: float = 3.0
     """Dual-clip PPO bound for negative advantages (must be > 1)."""
     norm_adv_by_std: bool = True
@@ -506,8 +508,8 @@ class AlgorithmConfig:
     """Weight of the cross-entropy loss of supervised samples in a mixed batch."""
     success_threshold: float = 1.0
     """A trajectory whose outcome reward reaches this counts as a success (supervised samples)."""
-    tasks_per_step: int = 0
-    """Tasks collected per step, each with rollout.trials_per_task trials (0: enough for
+    tasks_per_step: int | None = None
+    """Tasks collected per step, each with rollout.trials_per_task trials (None: enough for
     learner.global_batch_size)."""
 
     def __post_init__(self) -> None:
@@ -517,12 +519,14 @@ class AlgorithmConfig:
         _check_choice("algorithm.old_logprobs", self.old_logprobs, ("recompute", "rollout"))
         _check_choice("algorithm.kl_penalty", self.kl_penalty.removesuffix("+"), KL_PENALTIES)
         _check_positive("algorithm.clip_ratio", self.clip_ratio)
-        _check_positive("algorithm.clip_ratio_low", self.clip_ratio_low, allow_zero=True)
-        _check_positive("algorithm.clip_ratio_high", self.clip_ratio_high, allow_zero=True)
+        for key in ("clip_ratio_low", "clip_ratio_high"):
+            if getattr(self, key) is not None:
+                _check_positive(f"algorithm.{key}", getattr(self, key), allow_zero=True)
         if self.clip_ratio_c <= 1.0:
             raise ValueError(f"algorithm.clip_ratio_c={self.clip_ratio_c!r} is not allowed; it must be > 1")
         _check_positive("algorithm.supervised_weight", self.supervised_weight, allow_zero=True)
-        _check_positive("algorithm.tasks_per_step", self.tasks_per_step, allow_zero=True)
+        if self.tasks_per_step is not None:
+            _check_positive("algorithm.tasks_per_step", self.tasks_per_step)
         _check_positive("algorithm.kl_coef", self.kl_coef, allow_zero=True)
         _check_positive("algorithm.steps", self.steps, allow_zero=True)
         _check_positive("algorithm.max_collections_per_step", self.max_collections_per_step)
@@ -574,8 +578,8 @@ class ClusterConfig:
 class EvalConfig:
     """Evaluation: n trials per task, pass^k, and the critic-in-the-loop budget sweep."""
 
-    trials: int = 0
-    """Trials per task (the n of pass^k); 0 means rollout.trials_per_task."""
+    trials: int | None = None
+    """Trials per task (the n of pass^k); None means rollout.trials_per_task."""
     k_values: list[int] = field(default_factory=list)
     """k of pass^k to report; empty means 1..n (every k must be <= n)."""
     verification_budgets: list[int] = field(default_factory=lambda: [0, 1, 2])
@@ -596,7 +600,8 @@ class EvalConfig:
     out-of-domain (the paper trains on retail)."""
 
     def __post_init__(self) -> None:
-        _check_positive("eval.trials", self.trials, allow_zero=True)
+        if self.trials is not None:
+            _check_positive("eval.trials", self.trials)
         for domain in self.in_domain:
             _check_choice("eval.in_domain[]", domain, DOMAIN_NAMES)
         _check_positive("eval.sample_trajectories", self.sample_trajectories, allow_zero=True)
@@ -638,8 +643,8 @@ class PipelineConfig:
     """Split the pipeline collects and trains on (env.split is the evaluation split)."""
     collect_trials: int = 2
     """Trials per training task in the collect stages."""
-    train_tasks: int = 0
-    """Training tasks the collect and optimise stages use: the first N of train_split (0: all);
+    train_tasks: int | None = None
+    """Training tasks the collect and optimise stages use: the first N of train_split (None: all);
     the warm-start always uses every task of the split."""
     critic_train_steps: int = 0
     """Supervised steps of the critic model on the critic dataset (0 skips critic training;
@@ -707,8 +712,8 @@ class PipelineConfig:
         default_factory=lambda: ["missing_confirmation", "wrong_argument", "fabricated_id"]
     )
     """noisy_expert: the error kinds it makes."""
-    benefit_tasks: int = 0
-    """Tasks of env.split measured: the first N (0: all)."""
+    benefit_tasks: int | None = None
+    """Tasks of env.split measured: the first N (None: all)."""
 
     def __post_init__(self) -> None:
         for stage in self.stages:
@@ -720,7 +725,8 @@ class PipelineConfig:
                              "verified blame must run to say which labels it confirms")
         _check_positive("pipeline.warmstart_epochs", self.warmstart_epochs, allow_zero=True)
         _check_positive("pipeline.collect_trials", self.collect_trials)
-        _check_positive("pipeline.train_tasks", self.train_tasks, allow_zero=True)
+        if self.train_tasks is not None:
+            _check_positive("pipeline.train_tasks", self.train_tasks)
         _check_positive("pipeline.critic_train_steps", self.critic_train_steps, allow_zero=True)
         _check_positive("pipeline.collect_budget", self.collect_budget)
         _check_positive("pipeline.sft_steps", self.sft_steps, allow_zero=True)
@@ -757,7 +763,8 @@ class PipelineConfig:
         _check_choice("pipeline.benefit_policy", self.benefit_policy, ("policy", "noisy_expert"))
         for kind in self.benefit_errors:
             _check_choice("pipeline.benefit_errors[]", kind, ("missing_confirmation", "wrong_argument", "fabricated_id"))
-        _check_positive("pipeline.benefit_tasks", self.benefit_tasks, allow_zero=True)
+        if self.benefit_tasks is not None:
+            _check_positive("pipeline.benefit_tasks", self.benefit_tasks)
 
 
 @dataclass(frozen=True)
@@ -805,7 +812,7 @@ class CastConfig:
                 "critic.backend='trained' is not allowed with pipeline.critic_train_steps=0: no critic "
                 "is trained; set pipeline.critic_train_steps > 0 or choose critic.backend=rule or model"
             )
-        n = self.eval.trials or self.rollout.trials_per_task
+        n = self.rollout.trials_per_task if self.eval.trials is None else self.eval.trials
         if self.eval.k_values and max(self.eval.k_values) > n:
             raise ValueError(
                 f"eval.k_values={self.eval.k_values} is not allowed with n={n} trials per task; "

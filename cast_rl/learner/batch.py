@@ -110,11 +110,11 @@ def shard(samples: Sequence[Sample], world_size: int) -> list[list[Sample]]:
 
 
 def split_micro_batches(
-    samples: Sequence[Sample], micro_batch_size: int, max_tokens: int = 0
+    samples: Sequence[Sample], micro_batch_size: int, max_tokens: int | None = None
 ) -> list[list[Sample]]:
     """Group a rank's samples into micro-batches of similar length (less padding).
 
-    At most ``micro_batch_size`` sequences each and, when ``max_tokens`` > 0, at most that many
+    At most ``micro_batch_size`` sequences each and, unless ``max_tokens`` is None, at most that many
     padded tokens (a single longer sequence still forms its own micro-batch).
     """
     ordered = sorted(samples, key=lambda s: len(s.token_ids))
@@ -123,7 +123,7 @@ def split_micro_batches(
     for s in ordered:
         longest = max([len(s.token_ids)] + [len(c.token_ids) for c in current])
         too_many = len(current) >= micro_batch_size
-        too_long = max_tokens > 0 and current and longest * (len(current) + 1) > max_tokens
+        too_long = max_tokens is not None and current and longest * (len(current) + 1) > max_tokens
         if too_many or too_long:
             batches.append(current)
             current = []

@@ -224,7 +224,7 @@ class LearnerEngine:
 
     def _clip_and_step(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
-        clip = self.cfg.learner.grad_clip or float("inf")
+        clip = float("inf") if self.cfg.learner.grad_clip is None else self.cfg.learner.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(params, clip)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()

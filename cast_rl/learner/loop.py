@@ -135,7 +135,9 @@ class LoopState:
 
 
 def tasks_per_step(cfg: CastConfig) -> int:
-    return cfg.algorithm.tasks_per_step or max(1, cfg.learner.global_batch_size // cfg.rollout.trials_per_task)
+    if cfg.algorithm.tasks_per_step is not None:
+        return cfg.algorithm.tasks_per_step
+    return max(1, cfg.learner.global_batch_size // cfg.rollout.trials_per_task)
 
 
 def batch_metrics(batch: list[Sample], learner_version: int) -> dict[str, float]:

@@ -51,8 +51,8 @@ def verl_actor_config(algo: AlgorithmConfig) -> Any:
     return ActorConfig(
         strategy="fsdp",
         clip_ratio=algo.clip_ratio,
-        clip_ratio_low=algo.clip_ratio_low or algo.clip_ratio,
-        clip_ratio_high=algo.clip_ratio_high or algo.clip_ratio,
+        clip_ratio_low=algo.clip_ratio if algo.clip_ratio_low is None else algo.clip_ratio_low,
+        clip_ratio_high=algo.clip_ratio if algo.clip_ratio_high is None else algo.clip_ratio_high,
         clip_ratio_c=algo.clip_ratio_c,
         loss_agg_mode=algo.loss_agg_mode,
         policy_loss=PolicyLossConfig(loss_mode=algo.policy_loss),
