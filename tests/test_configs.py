@@ -60,8 +60,9 @@ def test_bad_key_or_value_names_the_key(override: str, expected: str) -> None:
 
 SENTINELS = {
     "eval.trials": 3, "algorithm.tasks_per_step": 2, "algorithm.clip_ratio_low": 0.1,
-    "algorithm.clip_ratio_high": 0.28, "learner.grad_clip": 0.5,  # its default is 1.0; None disables
-    "learner.max_tokens_per_micro_batch": 64, "pipeline.train_tasks": 2, "pipeline.benefit_tasks": 2,
+    "algorithm.clip_ratio_high": 0.28, "learner.grad_clip": 0.5,
+    "learner.max_tokens_per_micro_batch": 64, "learner.checkpoint_every": 5, "pipeline.train_tasks": 2,
+    "pipeline.benefit_tasks": 2,
 }
 """Keys where None (once 0) means "the other value" or "off", with a value each."""
 
@@ -69,7 +70,8 @@ SENTINELS = {
 @pytest.mark.parametrize("key", sorted(SENTINELS))
 def test_none_sentinels_take_none_and_values(key: str) -> None:
     section, name = key.split(".")
-    assert getattr(getattr(load_config(), section), name) == (1.0 if key == "learner.grad_clip" else None)
+    default = {"learner.grad_clip": 1.0, "learner.checkpoint_every": 10}.get(key)
+    assert getattr(getattr(load_config(), section), name) == default
     assert getattr(getattr(load_config(None, [f"{key}=null"]), section), name) is None
     assert getattr(getattr(load_config(None, [f"{key}={SENTINELS[key]}"]), section), name) == SENTINELS[key]
 
@@ -87,7 +89,7 @@ def test_none_sentinels_resolve_in_their_readers() -> None:
     samples = [Sample(f"s{i}", "outcome_groups", [1] * 10, [1] * 10, [0.0] * 10) for i in range(4)]
     assert [len(g) for g in split_micro_batches(samples, 4, None)] == [4]
     assert [len(g) for g in split_micro_batches(samples, 4, 20)] == [2, 2]
-    for key in ("eval.trials", "algorithm.tasks_per_step", "pipeline.train_tasks"):
+    for key in ("eval.trials", "algorithm.tasks_per_step", "pipeline.train_tasks", "learner.checkpoint_every"):
         with pytest.raises(ConfigError, match=f"{key}=0 is not allowed"):
             load_config(None, [f"{key}=0"])
 

@@ -395,8 +395,8 @@ class LearnerConfig:
     """Recompute activations in the backward pass."""
     num_gpus_per_worker: float = 0.0
     """Ray GPUs per learner worker."""
-    checkpoint_every: int = 10
-    """Steps between checkpoints (0 disables)."""
+    checkpoint_every: int | None = 10
+    """Steps between checkpoints (None disables)."""
     seed: int = 0
     """Seed for data order and initialisation."""
     num_cpus_per_worker: float = 1.0
@@ -431,7 +431,8 @@ class LearnerConfig:
             _check_positive("learner.grad_clip", self.grad_clip)
         _check_choice("learner.mixed_precision", self.mixed_precision, ("no", "bf16"))
         _check_positive("learner.num_gpus_per_worker", self.num_gpus_per_worker, allow_zero=True)
-        _check_positive("learner.checkpoint_every", self.checkpoint_every, allow_zero=True)
+        if self.checkpoint_every is not None:
+            _check_positive("learner.checkpoint_every", self.checkpoint_every)
         if self.global_batch_size % (self.micro_batch_size * self.num_workers):
             raise ValueError(
                 f"learner.global_batch_size={self.global_batch_size} is not allowed; it must be a "

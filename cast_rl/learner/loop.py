@@ -286,7 +286,7 @@ class TrainLoop:
         if self.metrics is not None:
             self.metrics.log(out, step=self.state.step)
         every = self.cfg.learner.checkpoint_every
-        if every and self.state.step % every == 0:
+        if every is not None and self.state.step % every == 0:
             self.checkpoint()
 
     # ------------------------------------------------------------------ loops

@@ -157,7 +157,7 @@ def test_learner_and_rollout_worker_on_two_nodes_train_together(
         "rollout.ray_resources={rollout_node: 1}", "rollout.weight_sync=collective",
         "learner.num_workers=1", "learner.num_cpus_per_worker=1", "learner.ray_resources={learner_node: 1}",
         "learner.master_addr=auto", "learner.micro_batch_size=2", "learner.global_batch_size=2",
-        "learner.checkpoint_every=0",
+        "learner.checkpoint_every=null",
     ]
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-c", DRIVER_PY, dashboard, *overrides], cwd=REPO, env=env,

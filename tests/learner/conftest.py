@@ -36,7 +36,7 @@ def make_cfg(learner_model_dir: Path, tmp_path: Path) -> Callable[..., CastConfi
         base = [
             f"policy.path={learner_model_dir}", f"run_dir={run_dir or tmp_path / 'run'}",
             "learner.num_workers=1", "learner.micro_batch_size=4", "learner.global_batch_size=8",
-            "learner.lr=1e-3", "learner.checkpoint_every=0", "logging.mode=disabled",
+            "learner.lr=1e-3", "learner.checkpoint_every=null", "logging.mode=disabled",
         ]
         return load_config(None, base + list(overrides))
 

@@ -51,7 +51,7 @@ def test_grpo_raises_reward_through_vllm_rollout_workers(ray_local: Any, tmp_pat
           ["rollout.trials_per_task=1", "algorithm.samples=[step_groups]", "algorithm.tree_branches=8",
            "algorithm.tree_points=all", "algorithm.tasks_per_step=4"]),
         "learner.num_workers=2", "learner.num_cpus_per_worker=0.5", "learner.global_batch_size=32",
-        "learner.micro_batch_size=8", "learner.lr=1e-2", "learner.checkpoint_every=0",
+        "learner.micro_batch_size=8", "learner.lr=1e-2", "learner.checkpoint_every=null",
         "learner.max_restarts=0", f"algorithm.steps={STEPS}", "algorithm.kl_coef=0",
         "logging.mode=disabled",
     ])

@@ -131,7 +131,7 @@ def test_pipeline_slice_rollout_learner_step_weight_sync(ray_local: Any, smollm2
         # activation checkpointing to stay near 3 GB
         "learner.num_workers=1", "learner.num_cpus_per_worker=1", "learner.micro_batch_size=1",
         "learner.global_batch_size=1", "learner.lr=1e-4", "learner.activation_checkpointing=true",
-        "learner.checkpoint_every=0", "learner.max_restarts=0", "algorithm.kl_coef=0",
+        "learner.checkpoint_every=null", "learner.max_restarts=0", "algorithm.kl_coef=0",
         "logging.mode=disabled",
     ])
     data = load_domain_data("retail", data_dir)

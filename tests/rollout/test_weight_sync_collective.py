@@ -32,7 +32,7 @@ def stack(ray_local, tiny_model_dir: Path, retail_data_dir: Path, tmp_path_facto
         "rollout.num_workers=1", "rollout.num_cpus_per_worker=1", "rollout.trials_per_task=1",
         "rollout.weight_sync=collective", "rollout.weight_sync_bucket_mb=0.25",
         "learner.num_workers=1", "learner.num_cpus_per_worker=0.5", "learner.micro_batch_size=4",
-        "learner.global_batch_size=4", "learner.lr=0.05", "learner.checkpoint_every=0",
+        "learner.global_batch_size=4", "learner.lr=0.05", "learner.checkpoint_every=null",
     ])
     group = RolloutGroup(cfg)
     learner = LearnerGroup(cfg)
