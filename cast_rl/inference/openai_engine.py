@@ -179,5 +179,20 @@ class OpenAIEngine:
             prompt_tokens=response.usage.prompt_tokens if response.usage else len(prompt_ids),
         )
 
+    def _no_weight_updates(self) -> OpenAIEndpointError:
+        return OpenAIEndpointError(
+            f"inference.backend=openai: the weights behind {self.cfg.base_url} are not updated by "
+            "training; train the policy with inference.backend=vllm (an endpoint serves evaluation, "
+            "the user, the teacher and a critic)"
+        )
+
+    async def load_weights(self, state: dict[str, Any]) -> None:
+        """Refused: an endpoint's weights are the server's (see :meth:`_no_weight_updates`)."""
+        raise self._no_weight_updates()
+
+    async def join_weight_sync(self, *args: Any) -> list[int]:
+        """Refused, like :meth:`load_weights`."""
+        raise self._no_weight_updates()
+
     async def close(self) -> None:
         await self._client.close()

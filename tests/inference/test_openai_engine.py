@@ -9,6 +9,7 @@ the tiny model with vLLM's own OpenAI server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -82,10 +83,8 @@ class _Stub(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        try:
+        with contextlib.suppress(BrokenPipeError):  # the client gave up (the timeout test)
             self.wfile.write(data)
-        except BrokenPipeError:  # the client gave up (the timeout test)
-            pass
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -152,6 +151,13 @@ def test_generate_without_ids_from_the_server_is_a_clear_error(stub: str) -> Non
     engine = build_engine("served-model", _cfg(stub))
     with pytest.raises(OpenAIEndpointError, match="a policy needs the exact generated ids"):
         _run(engine, engine.generate([1, 2], Sampling()))
+
+
+def test_training_cannot_update_an_endpoints_weights(stub: str) -> None:
+    engine = build_engine("served-model", _cfg(stub))
+    with pytest.raises(OpenAIEndpointError, match="train the policy with inference.backend=vllm"):
+        _run(engine, engine.load_weights({}))
+    assert _Stub.requests == []
 
 
 def test_a_slow_answer_becomes_a_generation_timeout(stub: str) -> None:
