@@ -90,7 +90,7 @@ def private_critic_actor(critic: CriticConfig, tools: dict[str, list[dict[str, A
 def _resources(critic: CriticConfig) -> dict[str, Any]:
     """Ray options: what :func:`cast_rl.config.resources.critic_request` says (the resource check
     counts the same)."""
-    return {"max_restarts": critic.max_retries, "max_concurrency": 64, **critic_request(critic).ray_options()}
+    return {"max_restarts": critic.max_retries, "max_concurrency": critic.max_concurrency, **critic_request(critic).ray_options()}
 
 
 class CriticServiceClient:

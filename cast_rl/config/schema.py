@@ -266,9 +266,17 @@ class CriticConfig:
     timeout_s: float = 300.0
     """A critique request to a service actor taking longer is retried on the next actor (it
     counts against max_retries); keep it above critic.inference.request_timeout_s."""
+    max_concurrency: int = 64
+    """Critique requests one critic-service actor serves at once (its Ray ``max_concurrency``);
+    a model critic batches them in its engine."""
+    max_prompt_chars: int = 24_000
+    """For backend=model or trained: the transcript shown to the critic LLM keeps at most this many
+    characters (the oldest messages are dropped first; the policy is in its system prompt)."""
 
     def __post_init__(self) -> None:
         _check_choice("critic.backend", self.backend, ("rule", "model", "trained"))
+        _check_positive("critic.max_concurrency", self.max_concurrency)
+        _check_positive("critic.max_prompt_chars", self.max_prompt_chars)
         _check_choice("critic.on_unparsable", self.on_unparsable, ("allow", "reject"))
         _check_positive("critic.num_gpus_per_replica", self.num_gpus_per_replica, allow_zero=True)
         _check_positive("critic.verification_budget", self.verification_budget, allow_zero=True)
@@ -291,8 +299,11 @@ class TeacherConfig:
         default_factory=lambda: InferenceConfig(temperature=0.0, max_new_tokens=512)
     )
     """The engine serving the teacher (vllm, or an OpenAI-compatible endpoint)."""
+    max_prompt_chars: int = 24_000
+    """The transcript shown to the teacher keeps at most this many characters (oldest dropped)."""
 
     def __post_init__(self) -> None:
+        _check_positive("teacher.max_prompt_chars", self.max_prompt_chars)
         if self.enabled and not self.model.path:
             raise ValueError("teacher.model.path='' is not allowed with teacher.enabled=true; "
                              "give the teacher's model directory or endpoint model name")

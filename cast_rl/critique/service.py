@@ -54,7 +54,7 @@ def _model(cfg: CriticConfig, tools: dict[str, list[dict[str, Any]]] | None, eng
         top_p=cfg.inference.top_p,
         logprobs=False,
     )
-    return ModelVerifier(engine, sampling, name=cfg.model.path)
+    return ModelVerifier(engine, sampling, max_prompt_chars=cfg.max_prompt_chars, name=cfg.model.path)
 
 
 BACKENDS: dict[str, Callable[[CriticConfig, Any, Any], Verifier]] = {

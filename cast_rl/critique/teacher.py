@@ -115,7 +115,7 @@ async def rewrite_labels(
         top_p=cfg.inference.top_p,
         logprobs=False,
     )
-    teacher = Teacher(engine, sampling)
+    teacher = Teacher(engine, sampling, max_prompt_chars=cfg.max_prompt_chars)
     try:
         items = teacher_items(data, labels, trajectories)
         results = await teacher.rewrite_many([item for _, item in items])
