@@ -200,11 +200,12 @@ def _task_order(task: Any) -> tuple[int, Any]:
 
 
 def _cost(trajectories: list[Trajectory]) -> dict[str, float]:
-    def mean(key: str) -> float:
-        return sum(float(t.info.get(key, 0.0)) for t in trajectories) / len(trajectories)
+    def mean(value: Any) -> float:
+        return sum(float(value(t)) for t in trajectories) / len(trajectories)
 
-    policy, prompt = mean("policy_tokens"), mean("prompt_tokens")
-    return {"policy_tokens": policy, "prompt_tokens": prompt, "tokens": policy + prompt, "wall_s": mean("wall_s")}
+    policy, prompt = mean(lambda t: t.policy_tokens), mean(lambda t: t.prompt_tokens)
+    return {"policy_tokens": policy, "prompt_tokens": prompt, "tokens": policy + prompt,
+            "wall_s": mean(lambda t: t.info.get("wall_s", 0.0))}
 
 
 def render_markdown(report: dict[str, Any], plots: list[Path] | None = None, base: Path | None = None) -> str:

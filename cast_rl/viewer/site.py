@@ -91,6 +91,8 @@ def episode_view(
     info = record.get("info") if isinstance(record.get("info"), dict) else {}
     rounds = [r for r in record.get("verification_rounds") or [] if isinstance(r, dict)]
     turns = {t.get("message_index"): t for t in record.get("turns") or [] if isinstance(t, dict)}
+    if turns:  # counts are read from the turn records (older lines carry them in info)
+        info = {**info, **_turn_counts(list(turns.values()))}
     system = next((i for i, m in enumerate(messages) if m.get("role") == "system"), None)
     quotes: dict[int, list[dict[str, str]]] = {}
 
@@ -250,3 +252,16 @@ def _copy_static(out: Path) -> None:
         if item.is_file():
             with resources.as_file(item) as path:
                 shutil.copyfile(path, out / item.name)
+
+
+def _turn_counts(turns: list[dict[str, Any]]) -> dict[str, int]:
+    """The counts :class:`~cast_rl.records.Trajectory` reads from its turns, from raw records."""
+    def num(t: dict[str, Any], key: str) -> int:
+        value = t.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    return {
+        "policy_tokens": sum(num(t, "end") - num(t, "start") for t in turns if not t.get("substituted")),
+        "prompt_tokens": sum(num(t, "prompt_tokens") for t in turns),
+        "malformed_calls": sum(1 for t in turns if t.get("error") is not None),
+    }
