@@ -134,10 +134,9 @@ class CriticServiceClient:
         while True:
             slot = self._next % len(self.handles)
             self._next += 1
+            handle = self.handles[slot]
             try:
-                result = await asyncio.wait_for(
-                    _awaitable(self.handles[slot].critique.remote(requests)), self.timeout_s
-                )
+                result = await asyncio.wait_for(_awaitable(handle.critique.remote(requests)), self.timeout_s)
                 return [c if isinstance(c, Critique) else Critique(**c) for c in result]
             except (asyncio.TimeoutError, *self.retry_on) as exc:
                 timed_out = isinstance(exc, asyncio.TimeoutError)
@@ -152,7 +151,9 @@ class CriticServiceClient:
                     ) from exc
                 logger.warning("critic actor %d failed (%s); retry %d of %d", slot, why, attempt,
                                self.max_retries)
-                if self.respawn is not None and not timed_out:
+                # Only the first of the calls that failed on this handle replaces it: a second
+                # replacement would drop the first one's owner handle, and Ray would end that actor.
+                if self.respawn is not None and not timed_out and self.handles[slot] is handle:
                     try:
                         self.handles[slot] = self.respawn(slot)
                     except Exception as respawn_exc:  # keep failing over to the others

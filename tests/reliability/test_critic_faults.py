@@ -165,3 +165,36 @@ def test_critic_call_timeout_fails_over_then_becomes_a_recorded_failure(
     (traj,) = asyncio.run(runner.run_many([EpisodeSpec("train", 0, 0)]))
     assert traj.info["termination"] == "critic_unavailable"
     assert traj.reward == 0.0 and stuck.timeouts == 2
+
+
+class _DeadHandle:
+    """An actor-handle stand-in whose calls fail once they are awaited (its actor died)."""
+
+    def __init__(self) -> None:
+        self.critique = self
+
+    def remote(self, requests: Any) -> Any:
+        async def fail() -> list[Critique]:
+            await asyncio.sleep(0.01)
+            raise ConnectionError("actor died")
+
+        return fail()
+
+
+def test_calls_failing_on_one_dead_actor_replace_it_once() -> None:
+    """Several calls in flight on a dead actor each fail; only the first replaces the slot, so the
+    replacement's handle (with Ray, its owner reference) is never overwritten by a second one."""
+    spawned: list[_LiveHandle] = []
+
+    def respawn(slot: int) -> _LiveHandle:
+        spawned.append(_LiveHandle())
+        return spawned[-1]
+
+    client = CriticServiceClient([_DeadHandle()], max_retries=2, respawn=respawn, retry_on=(ConnectionError,))
+
+    async def four() -> list[list[Critique]]:
+        return await asyncio.gather(*(client.verify([object()]) for _ in range(4)))  # type: ignore[list-item]
+
+    answers = asyncio.run(four())
+    assert [c.verdict for (c,) in answers] == ["valid"] * 4
+    assert len(spawned) == 1 and client.handles == spawned and client.failures == 4
