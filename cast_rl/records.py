@@ -224,17 +224,23 @@ def write_trajectories(path: str | Path, trajectories: Iterable[Trajectory], app
     return n
 
 
-def iter_trajectories(path: str | Path) -> Iterator[Trajectory]:
-    """Read JSON Lines; a malformed line raises :class:`TrajectoryFormatError` naming it."""
+def iter_numbered(path: str | Path) -> Iterator[tuple[int, Trajectory]]:
+    """(line number, trajectory) of a JSON Lines file; a malformed line raises
+    :class:`TrajectoryFormatError` naming the file and the line."""
     path = Path(path)
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
             try:
-                yield Trajectory.from_json(json.loads(raw.decode("utf-8")))
+                yield lineno, Trajectory.from_json(json.loads(raw.decode("utf-8")))
             except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: nested too deep
                 raise TrajectoryFormatError(f"{path}:{lineno}: not a trajectory: {exc}") from None
+
+
+def iter_trajectories(path: str | Path) -> Iterator[Trajectory]:
+    """Read JSON Lines (see :func:`iter_numbered`)."""
+    return (traj for _, traj in iter_numbered(path))
 
 
 def read_trajectories(path: str | Path) -> list[Trajectory]:

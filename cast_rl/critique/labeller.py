@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +52,7 @@ from cast_rl.critique.rules.base import Finding
 from cast_rl.envs.core import DomainData, ToolEnv, call_tool
 from cast_rl.envs.db import Database, to_hashable
 from cast_rl.envs.types import Action, is_success
-from cast_rl.records import CRITIC_NAME, Trajectory, TrajectoryFormatError
+from cast_rl.records import CRITIC_NAME, Trajectory, TrajectoryFormatError, iter_numbered
 
 logger = logging.getLogger(__name__)
 _MISSING = object()
@@ -341,19 +340,6 @@ def _fix_hint(visible: Visible, writes: list[Action], action: ActionRef) -> str:
     return "Re-read the user's request and the records shown, and change only what was asked."
 
 
-def read_numbered(path: str | Path) -> Iterator[tuple[int, Trajectory]]:
-    """(line number, trajectory) of a JSON Lines file; errors name the file and the line."""
-    path = Path(path)
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                yield lineno, Trajectory.from_json(json.loads(raw.decode("utf-8")))
-            except (ValueError, TypeError) as exc:
-                raise TrajectoryFormatError(f"{path}:{lineno}: not a trajectory: {exc}") from None
-
-
 def label_file(
     data: DomainData, trajectories: str | Path, out: str | Path
 ) -> tuple[list[ActionLabel], list[Trajectory], Labeller]:
@@ -361,7 +347,7 @@ def label_file(
     labeller = Labeller(data)
     labels: list[ActionLabel] = []
     read: list[Trajectory] = []
-    for lineno, trajectory in read_numbered(trajectories):
+    for lineno, trajectory in iter_numbered(trajectories):
         where = f"{trajectories}:{lineno}"
         if trajectory.domain != data.domain:
             raise TrajectoryFormatError(
