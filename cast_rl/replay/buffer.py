@@ -119,10 +119,11 @@ class ReplayBuffer:
         data: dict[str, Sample] = {}
         consumed_at: dict[int, list[str]] = {}
         s = self.stats
+        trajectories = _TrajectoryLines(self.trajectory_path)
         for rec in records:
             op = rec["op"]
             if op == "add":
-                sample = self._rebuild(rec)
+                sample = self._rebuild(rec, trajectories)
                 data[sample.key] = sample
                 self._items[sample.key] = sample
                 self._seen.add(sample.key)
@@ -154,14 +155,13 @@ class ReplayBuffer:
                 raise ValueError(f"{self.log_path}: unknown replay log op {op!r}")
         s.size = len(self._items)
 
-    def _rebuild(self, rec: dict[str, Any]) -> Sample:
+    @staticmethod
+    def _rebuild(rec: dict[str, Any], trajectories: _TrajectoryLines) -> Sample:
         """The sample of an ``add`` record: whole, or from its trajectory ``ref``."""
         ref = rec.get("ref")
         if ref is None:
             return Sample.from_json(rec["sample"])
-        with self.trajectory_path.open("rb") as f:
-            f.seek(ref["offset"])
-            traj = Trajectory.from_json(json.loads(f.readline()))
+        traj = trajectories.at(ref["offset"])
         n = ref["length"]
         mask = [0] * n
         for start, end in ref["mask"]:
@@ -391,3 +391,20 @@ class ReplayBuffer:
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+class _TrajectoryLines:
+    """The trajectory file's lines by byte offset, each read and parsed once per recovery (one
+    trajectory is the source of several samples)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._parsed: dict[int, Trajectory] = {}
+
+    def at(self, offset: int) -> Trajectory:
+        if offset not in self._parsed:
+            assert self.path is not None
+            with self.path.open("rb") as f:
+                f.seek(offset)
+                self._parsed[offset] = Trajectory.from_json(json.loads(f.readline()))
+        return self._parsed[offset]
