@@ -22,6 +22,7 @@ from cast_rl.config.resources import actor_request
 from cast_rl.config.schema import CastConfig, CriticConfig
 from cast_rl.critique.blame import BlameRecord
 from cast_rl.envs.types import is_success
+from cast_rl.eval.net_benefit import BenefitReport
 from cast_rl.records import Trajectory
 from cast_rl.rollout.worker import merge_worker_metrics
 
@@ -140,6 +141,12 @@ class RolloutGroup:
                     k, seed))
         records = [r for part in ray.get(refs) for r in part]
         return sorted(records, key=lambda r: (r.trajectory_index, r.message_index))
+
+    def benefit(self, cfg: CastConfig, tasks: list[int], split: str) -> BenefitReport:
+        """:func:`~cast_rl.eval.net_benefit.measure_benefit` of ``tasks`` on the first worker (its
+        policy and critic): one worker, so that every budget's episodes share one engine and the
+        budgets compare like with like.  Its largest budget must have been set (the verifier)."""
+        return ray.get(self.workers[0].benefit.remote(cfg, tasks, split))
 
     def update_weights(self, version: int, state_ref: Any, checksum: str) -> list[int]:
         """Every worker loads the published weights (one object-store put, many readers), or,

@@ -15,6 +15,7 @@ from cast_rl.config.schema import CastConfig, CriticConfig
 from cast_rl.critique.blame import BlameRecord
 from cast_rl.envs.setup import load_env_data
 from cast_rl.envs.users import user_engine
+from cast_rl.eval.net_benefit import BenefitReport, measure_benefit
 from cast_rl.inference import build_engine
 from cast_rl.records import Trajectory
 from cast_rl.rollout import weights
@@ -41,6 +42,12 @@ class RolloutWorkerActor:
     async def blame(self, trajectories: dict[int, Trajectory], labels: list[dict[str, Any]], k: int,
                     seed: int) -> list[BlameRecord]:
         return await self.worker.blame(trajectories, labels, k, seed)
+
+    async def benefit(self, cfg: CastConfig, tasks: list[int], split: str) -> BenefitReport:
+        """The critic's net benefit with this worker's policy engine and critic (set a budget > 0 first)."""
+        w = self.worker
+        return await measure_benefit(cfg, w.runner.data, tasks, lambda _spec: w.engine, w.runner.verifier,
+                                     w.engine.tokenizer, split=split, user_complete=w.runner.user_complete)
 
     async def update_weights(self, version: int, state: dict[str, Any], checksum: str) -> int:
         return await self.worker.update_weights(version, state, checksum)

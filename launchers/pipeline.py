@@ -66,6 +66,7 @@ def run_pipeline(cfg: CastConfig) -> dict[str, Any]:
         ctx.stage_dir("eval_before") / "report.json" if "eval_before" in summaries else None,
         ctx.stage_dir("eval_after") / "report.json" if "eval_after" in summaries else None,
         ctx.stage_dir("train_critic") / "heldout_metrics.json" if "train_critic" in summaries else None,
+        ctx.stage_dir("benefit") / "budgets.json" if "benefit" in summaries else None,
     )
     result = {
         "run_dir": str(ctx.root),

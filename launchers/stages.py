@@ -6,7 +6,9 @@
     label                action-level labels, error types and rationales
     critic_data          balanced Parquet critic dataset + held-out split
     train_critic         supervised critic training (when pipeline.critic_train_steps > 0)
-    collect_with_critic  trials with the critic in the loop (pipeline.collect_budget)
+    benefit              optional: the critic's net benefit and the verification budget chosen
+    collect_with_critic  trials with the critic in the loop (pipeline.collect_budget, or the
+                         budget stage benefit chose with pipeline.use_chosen_budget)
     optimise             supervised fine-tuning on critique-corrected successes and/or GRPO
     eval_after           pass^k of the trained policy, without and with the critic
 """
@@ -24,7 +26,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from actors.critic_service import CriticServiceClient, private_critic_actor
+from actors.critic_service import CriticServiceClient, critic_client, private_critic_actor
 from actors.learner import LearnerGroup
 from cast_rl.config import to_dict
 from cast_rl.critique.blame import blame_metrics, confirmed_keys, count_failed, write_blame
@@ -34,7 +36,14 @@ from cast_rl.critique.service import critic_description
 from cast_rl.critique.teacher import rewrite_labels
 from cast_rl.critique.verifier import RuleVerifier
 from cast_rl.envs.setup import episode_units
+from cast_rl.envs.users import user_engine
 from cast_rl.eval.critic_heldout import HELDOUT_METRICS, compare_critics, flat_heldout_metrics
+from cast_rl.eval.net_benefit import (
+    BenefitReport,
+    measure_benefit,
+    noisy_expert_policy,
+    write_benefit,
+)
 from cast_rl.learner.critique_samples import (
     SUPERVISED_KINDS,
     build_samples,
@@ -46,6 +55,7 @@ from cast_rl.pipeline.context import PipelineContext
 from cast_rl.records import Trajectory, read_trajectories, write_trajectories
 from cast_rl.rollout.demonstrations import collect_demonstrations
 from cast_rl.rollout.noisy_expert import collect_noisy_demonstrations
+from cast_rl.rollout.verifiers import build_verifier
 from cast_rl.telemetry import MetricsLogger
 from launchers.eval import run_eval
 from launchers.train import train_policy
@@ -164,8 +174,10 @@ def warmstart(ctx: PipelineContext, out: Path) -> dict[str, Any]:
             "loss_last": losses[-1], "model": str(model)}
 
 
-def _evaluate(ctx: PipelineContext, out: Path, stage: str) -> dict[str, Any]:
+def _evaluate(ctx: PipelineContext, out: Path, stage: str, budgets: list[int] | None = None) -> dict[str, Any]:
     cfg = ctx.with_policy()
+    if budgets is not None:
+        cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, verification_budgets=budgets))
     cfg = dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, run_name=f"{ctx.group_name}-{stage}"))
     report = run_eval(cfg, out, group=ctx.rollout_group())
     return {
@@ -181,7 +193,7 @@ def eval_before(ctx: PipelineContext, out: Path) -> dict[str, Any]:
 
 
 def eval_after(ctx: PipelineContext, out: Path) -> dict[str, Any]:
-    return _evaluate(ctx, out, "eval_after")
+    return _evaluate(ctx, out, "eval_after", budgets=ctx.eval_budgets())
 
 
 def collect(ctx: PipelineContext, out: Path) -> dict[str, Any]:
@@ -298,10 +310,63 @@ def _heldout_critics(ctx: PipelineContext, out: Path, base: Path, trained: Path)
     return heldout
 
 
+def benefit(ctx: PipelineContext, out: Path) -> dict[str, Any]:
+    """The critic's net benefit at flagged actions, pass^k per token per budget and the budget
+    chosen (:mod:`cast_rl.eval.net_benefit`), on the first ``pipeline.benefit_tasks`` tasks of
+    the train split (choosing on the evaluation split would flatter eval_after), with the current
+    policy and the critic the pipeline serves now.  ``pipeline.benefit_policy=policy`` runs on the
+    rollout group's first worker (its vLLM engine); ``noisy_expert`` runs here, in this process: the
+    noisy teacher is a per-episode scripted engine, not weights a worker serves.  Later stages use
+    the chosen budget with ``pipeline.use_chosen_budget`` (:meth:`PipelineContext.collect_budget`)."""
+    cfg = ctx.train_cfg()
+    pipe = cfg.pipeline
+    tasks = list(range(len(ctx.data.tasks(pipe.train_split))))[: pipe.benefit_tasks]
+    if pipe.benefit_policy == "noisy_expert":
+        report = asyncio.run(_benefit_noisy_expert(ctx, cfg, tasks))
+    else:
+        group = ctx.rollout_group()
+        group.set_verification_budget(max(pipe.benefit_budgets))  # the worker builds its verifier
+        report = group.benefit(cfg, tasks, pipe.train_split)
+    write_benefit(report, out)
+    with _metrics(ctx, "benefit") as log:
+        log.log(report.metrics)
+    k, m = str(report.passk_k), report.metrics
+    return {
+        "chosen_budget": report.chosen_budget, "chosen_by": f"max pass^{k} per 1k tokens",
+        "policy": pipe.benefit_policy, "critic": critic_description(cfg.critic), "fp_rate": report.fp_rate,
+        "split": pipe.train_split, "tasks": len(tasks), "trials": pipe.benefit_trials,
+        "budgets": {str(b): {"pass^k": row["passk"][k], "tokens_per_episode": row["tokens_per_episode"],
+                             "pass^k_per_1k_tokens": row["passk_per_1k_tokens"][k]}
+                    for b, row in report.budgets.items()},
+        **{name: int(m[f"benefit/{name}"]) for name in ("flags", "false_positive_flags", "helped", "harmed")},
+        **report.files,
+    }
+
+
+async def _benefit_noisy_expert(ctx: PipelineContext, cfg: Any, tasks: list[int]) -> BenefitReport:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(ctx.policy_path)
+    checking = dataclasses.replace(cfg, critic=dataclasses.replace(cfg.critic, verification_budget=1))
+    verifier = build_verifier(checking, ctx.data, connect=critic_client)
+    users, complete = user_engine(cfg.user, seed=cfg.seed)
+    try:
+        return await measure_benefit(cfg, ctx.data, tasks, noisy_expert_policy(cfg, ctx.data, tokenizer), verifier,
+                                     tokenizer, split=cfg.pipeline.train_split, user_complete=complete)
+    finally:
+        for closeable in (users, verifier):
+            close = getattr(closeable, "close", None)
+            if close is not None:
+                await close()
+
+
 def collect_with_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     before = ctx.rollout_group().metrics()
-    trajs = _collect(ctx, out, budget=ctx.cfg.pipeline.collect_budget)
+    budget = ctx.collect_budget()
+    trajs = _collect(ctx, out, budget=budget)
     summary = _rollout_summary(trajs)
+    summary["verification_budget"] = budget
+    summary["budget_from"] = "benefit" if ctx.cfg.pipeline.use_chosen_budget else "pipeline.collect_budget"
     after = ctx.rollout_group().metrics()
     critiques, unparsable = (int(after.get(k, 0) - before.get(k, 0)) for k in ("rollout/critiques", "rollout/critic_unparsable"))
     summary.update({"critic": critic_description(ctx.critic_config()), "critiques": critiques,
@@ -317,7 +382,8 @@ def optimise(ctx: PipelineContext, out: Path) -> dict[str, Any]:
 
     Supervised kinds (``supervised``, ``distill``, ``rft``) train for ``pipeline.sft_steps`` on
     the trajectories of the two collect stages.  The RL kinds then run the train loop with the
-    critic in the loop at ``pipeline.collect_budget``, so verdicts become turn-level credit,
+    critic in the loop at ``pipeline.collect_budget`` (or the budget stage benefit chose, with
+    ``pipeline.use_chosen_budget``), so verdicts become turn-level credit,
     through the same driver as ``python -m launchers.train`` (:func:`launchers.train.train_policy`:
     replay buffer and its log under ``<stage>/replay``, supervisor).  The stage starts afresh
     when rerun (its directory is cleared), so it does not resume a checkpoint.
@@ -346,14 +412,14 @@ def optimise(ctx: PipelineContext, out: Path) -> dict[str, Any]:
                     logger.warning("optimise: no %s samples in the collected trajectories", "/".join(sft_kinds))
             rl = [k for k in cfg.algorithm.samples if k not in SUPERVISED_KINDS]
             if rl and cfg.algorithm.steps:
-                group.set_verification_budget(cfg.pipeline.collect_budget)
+                group.set_verification_budget(ctx.collect_budget())
                 rl_cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, samples=rl))
                 tasks = list(cfg.env.task_indices or range(len(ctx.data.tasks(cfg.env.split))))
                 run = train_policy(rl_cfg, _VersionedCollector(group, ctx), tasks, cfg.env.split, log,
                                    lambda: _learner(ctx, cfg.learner.lr), learner=learner, resume=False)
                 learner = run.loop.learner  # the supervisor may have rebuilt the group
                 summary["grpo_steps"] = run.loop.state.step
-                summary["verification_budget"] = cfg.pipeline.collect_budget
+                summary["verification_budget"] = ctx.collect_budget()
                 summary["learner_restarts"] = len(run.failures)
                 for key in ("train/reward_mean", "rollout/critique_rounds", "rollout/zero_variance_group_frac"):
                     summary[key.split("/")[1] + "_per_step"] = [round(h.get(key, float("nan")), 4) for h in run.history]
@@ -387,6 +453,7 @@ STAGES: dict[str, Callable[[PipelineContext, Path], dict[str, Any]]] = {
     "label": label,
     "critic_data": critic_data,
     "train_critic": train_critic,
+    "benefit": benefit,
     "collect_with_critic": collect_with_critic,
     "optimise": optimise,
     "eval_after": eval_after,

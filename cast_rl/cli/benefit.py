@@ -90,22 +90,14 @@ def _benefit(args: argparse.Namespace) -> int:
 
 
 def _noisy_expert(cfg, data):  # noqa: ANN001, ANN202
-    """The deferential noisy teacher (one engine per episode, its error drawn from the episode's
-    seed) and the tokenizer at ``policy.path``."""
+    """The deferential noisy teacher and the tokenizer at ``policy.path`` it writes its turns with."""
     from transformers import AutoTokenizer
 
     from cast_rl.config import ConfigError
-    from cast_rl.rollout.noisy_expert import NoisyExpertEngine, draw_error, episode_seed
+    from cast_rl.eval.net_benefit import noisy_expert_policy
 
     if not cfg.policy.path:
         raise ConfigError("policy.path='' is not allowed with pipeline.benefit_policy=noisy_expert; give a "
                           "directory holding the tokenizer the teacher writes its turns with")
     tokenizer = AutoTokenizer.from_pretrained(cfg.policy.path)
-    kinds = tuple(cfg.pipeline.benefit_errors)
-
-    def engine_for(spec):  # noqa: ANN001, ANN202
-        error = draw_error(episode_seed(cfg.seed, spec.key), cfg.pipeline.benefit_error_rate, kinds)
-        task = data.task(spec.split, spec.task_index)
-        return NoisyExpertEngine(tokenizer, task, data.spec.write_tools, error, defers=True)
-
-    return tokenizer, engine_for
+    return tokenizer, noisy_expert_policy(cfg, data, tokenizer)

@@ -637,17 +637,28 @@ class EvalConfig:
 
 
 PIPELINE_STAGES = (
-    "warmstart", "eval_before", "collect", "label", "critic_data", "train_critic",
+    "warmstart", "eval_before", "collect", "label", "critic_data", "train_critic", "benefit",
     "collect_with_critic", "optimise", "eval_after",
 )
+"""Every stage, in the order the pipeline runs them."""
+OPTIONAL_STAGES = ("benefit",)
+"""Stages that run only when ``pipeline.stages`` lists them (the default list leaves them out)."""
+STAGE_DIRS = {
+    **{stage: f"{i:02d}_{stage}" for i, stage in enumerate(s for s in PIPELINE_STAGES if s not in OPTIONAL_STAGES)},
+    "benefit": "05b_benefit",
+}
+"""Each stage's directory under ``run_dir``: numbered in run order; an optional stage takes its
+predecessor's number and a letter, so adding one leaves the other stages' directories (and the
+runs already on disk) as they were."""
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
     """The CAST pipeline (``cast-rl pipeline``): which stages run and how long each trains."""
 
-    stages: list[str] = field(default_factory=lambda: list(PIPELINE_STAGES))
-    """Stages to run, in pipeline order; a stage whose outputs exist is skipped."""
+    stages: list[str] = field(default_factory=lambda: [s for s in PIPELINE_STAGES if s not in OPTIONAL_STAGES])
+    """Stages to run, in pipeline order; a stage whose outputs exist is skipped.  The default is
+    every stage but the optional ``benefit`` (the critic's net benefit and the budget chosen)."""
     warmstart_epochs: int = 0
     """Supervised epochs on expert demonstrations of env.train_split before anything else
     (the embedded default's tiny policy needs them; 0 skips the warm-start)."""
@@ -662,7 +673,10 @@ class PipelineConfig:
     """Supervised steps of the critic model on the critic dataset (0 skips critic training;
     the rule-based critic then serves the loop unless critic.backend=model)."""
     collect_budget: int = 1
-    """Verification budget of the collect_with_critic stage."""
+    """Verification budget of the collect_with_critic stage (and of optimise's collection)."""
+    use_chosen_budget: bool = False
+    """Replace collect_budget by the budget stage benefit chose (its DONE.json), and add that
+    budget to eval.verification_budgets in eval_after; needs benefit in stages or run before."""
     sft_steps: int = 0
     """Supervised steps on successful critique-corrected trajectories (the paper's recipe) in
     the optimise stage, when algorithm.samples includes supervised."""
@@ -725,7 +739,8 @@ class PipelineConfig:
     )
     """noisy_expert: the error kinds it makes."""
     benefit_tasks: int | None = None
-    """Tasks of env.split measured: the first N (None: all)."""
+    """Tasks measured: the first N (None: all) of env.split (``cast-rl benefit``) or of
+    pipeline.train_split (stage benefit)."""
 
     def __post_init__(self) -> None:
         for stage in self.stages:
@@ -741,6 +756,10 @@ class PipelineConfig:
             _check_positive("pipeline.train_tasks", self.train_tasks)
         _check_positive("pipeline.critic_train_steps", self.critic_train_steps, allow_zero=True)
         _check_positive("pipeline.collect_budget", self.collect_budget)
+        users = [s for s in ("collect_with_critic", "optimise", "eval_after") if s in self.stages]
+        if self.use_chosen_budget and not users:
+            raise ValueError(f"pipeline.use_chosen_budget=True is not allowed with pipeline.stages={self.stages}: "
+                             "no stage uses a verification budget; add collect_with_critic, optimise or eval_after")
         _check_positive("pipeline.sft_steps", self.sft_steps, allow_zero=True)
         _check_positive("pipeline.warmstart_lr", self.warmstart_lr)
         _check_choice("pipeline.warmstart_teacher", self.warmstart_teacher, ("expert", "noisy_expert"))

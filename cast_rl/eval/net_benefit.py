@@ -56,6 +56,7 @@ from cast_rl.envs.core import DomainData
 from cast_rl.envs.types import RESPOND, Action
 from cast_rl.eval.passk import is_success, passk
 from cast_rl.records import CRITIC_NAME, Trajectory
+from cast_rl.rollout.noisy_expert import NoisyExpertEngine, draw_error, episode_seed
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec, EpisodeState, tree_points
 
 CRITIC_TOKENS = "critique_text"
@@ -339,9 +340,32 @@ async def measure_benefit(
     metrics["benefit/fp_rate"] = float(pipe.benefit_fp_rate)
     report = BenefitReport(pipe.benefit_fp_rate, pipe.benefit_passk, table, chosen, records, metrics)
     if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "benefit.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in records))
-        (out / "budgets.json").write_text(json.dumps(report.summary(), indent=2) + "\n")
-        report.files = {"records": str(out / "benefit.jsonl"), "budgets": str(out / "budgets.json")}
+        write_benefit(report, out_dir)
     return report
+
+
+def write_benefit(report: BenefitReport, out_dir: str | Path) -> None:
+    """``benefit.jsonl`` (one record per flag) and ``budgets.json`` (:meth:`BenefitReport.summary`)
+    in ``out_dir``; their paths go to ``report.files``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "benefit.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in report.records))
+    (out / "budgets.json").write_text(json.dumps(report.summary(), indent=2) + "\n")
+    report.files = {"records": str(out / "benefit.jsonl"), "budgets": str(out / "budgets.json")}
+
+
+def noisy_expert_policy(cfg: Any, data: DomainData, tokenizer: Any) -> Callable[[EpisodeSpec], Any]:
+    """``engine_for`` of ``pipeline.benefit_policy=noisy_expert``: the deferential noisy teacher
+    (:mod:`cast_rl.rollout.noisy_expert`), one engine per episode, its error (at
+    ``pipeline.benefit_error_rate``, of ``pipeline.benefit_errors``) drawn from the episode's seed."""
+    if data.spec.name != "retail":
+        raise ValueError(f"pipeline.benefit_policy=noisy_expert is not allowed with env.domain={data.spec.name!r}; "
+                         "the noisy teacher plays retail tasks only")
+    kinds = tuple(cfg.pipeline.benefit_errors)
+
+    def engine_for(spec: EpisodeSpec) -> NoisyExpertEngine:
+        error = draw_error(episode_seed(cfg.seed, spec.key), cfg.pipeline.benefit_error_rate, kinds)
+        task = data.task(spec.split, spec.task_index)
+        return NoisyExpertEngine(tokenizer, task, data.spec.write_tools, error, defers=True)
+
+    return engine_for

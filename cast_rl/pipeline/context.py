@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cast_rl.config import ConfigError, to_dict
-from cast_rl.config.schema import PIPELINE_STAGES, CastConfig, CriticConfig
+from cast_rl.config.schema import STAGE_DIRS, CastConfig, CriticConfig
 from cast_rl.critique.service import critic_description
 from cast_rl.envs.core import DomainData
 from cast_rl.records import Trajectory
@@ -46,12 +46,14 @@ class Collector(Protocol):
 
     def metrics(self) -> dict[str, float]: ...
 
+    def benefit(self, cfg: CastConfig, tasks: list[int], split: str) -> Any: ...
+
     def shutdown(self) -> None: ...
 
 
 def stage_dir(cfg: CastConfig, stage: str) -> Path:
-    """``<run_dir>/<NN>_<stage>``."""
-    return Path(cfg.run_dir) / f"{PIPELINE_STAGES.index(stage):02d}_{stage}"
+    """``<run_dir>/<NN>_<stage>`` (:data:`~cast_rl.config.schema.STAGE_DIRS`)."""
+    return Path(cfg.run_dir) / STAGE_DIRS[stage]
 
 
 def trained_critic_path(cfg: CastConfig) -> Path:
@@ -87,6 +89,19 @@ def check_trained_critic(cfg: CastConfig) -> None:
     )
 
 
+def check_chosen_budget(cfg: CastConfig) -> None:
+    """With ``pipeline.use_chosen_budget``, stage benefit must run in this pipeline or have run
+    (its ``DONE.json`` holds the chosen budget): raise ConfigError otherwise."""
+    pipe = cfg.pipeline
+    if not pipe.use_chosen_budget or "benefit" in pipe.stages or (stage_dir(cfg, "benefit") / "DONE.json").exists():
+        return
+    raise ConfigError(
+        f"config error: pipeline.use_chosen_budget=True but pipeline.stages has no benefit and "
+        f"{stage_dir(cfg, 'benefit')} holds no finished run, so there is no chosen budget; add benefit to "
+        "pipeline.stages or set pipeline.use_chosen_budget=false"
+    )
+
+
 class PipelineContext:
     """Directories, data, the current policy and the shared rollout group of one pipeline run."""
 
@@ -104,6 +119,7 @@ class PipelineContext:
         self._group: Collector | None = None
         self.group_name = cfg.logging.group or self.root.name
         check_trained_critic(cfg)
+        check_chosen_budget(cfg)
         (self.root / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
 
     def stage_dir(self, stage: str) -> Path:
@@ -124,6 +140,27 @@ class PipelineContext:
     def finish(self, stage: str, summary: dict[str, Any]) -> dict[str, Any]:
         (self.stage_dir(stage) / "DONE.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+    def chosen_budget(self) -> int:
+        """The verification budget stage benefit chose (its ``DONE.json``); raises if it has not run."""
+        summary = self.done("benefit")
+        if summary is None or "chosen_budget" not in summary:
+            raise RuntimeError(f"pipeline.use_chosen_budget=True but stage benefit has not finished "
+                               f"({self.stage_dir('benefit')} has no DONE.json with a chosen_budget)")
+        return int(summary["chosen_budget"])
+
+    def collect_budget(self) -> int:
+        """The budget of the stages that collect with the critic: ``pipeline.collect_budget``, or
+        with ``pipeline.use_chosen_budget`` the one stage benefit chose."""
+        pipe = self.cfg.pipeline
+        return self.chosen_budget() if pipe.use_chosen_budget else pipe.collect_budget
+
+    def eval_budgets(self) -> list[int]:
+        """``eval.verification_budgets``, plus the chosen budget with ``pipeline.use_chosen_budget``."""
+        budgets = list(self.cfg.eval.verification_budgets)
+        if self.cfg.pipeline.use_chosen_budget and self.chosen_budget() not in budgets:
+            budgets.append(self.chosen_budget())
+        return budgets
 
     def critic_config(self) -> CriticConfig:
         """The critic stages use now: :func:`resolve_critic` of the run's config."""

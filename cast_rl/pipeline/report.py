@@ -7,7 +7,9 @@ the same writer (``report.json``, ``summary.md``, pass^k-against-k plots) under
 which critic it used (``critic B=1 (rule)`` before training, ``(trained)`` after, with
 ``critic.backend=trained``).  The held-out critic comparison of ``05_train_critic``
 (``heldout_metrics.json``, :mod:`cast_rl.eval.critic_heldout`) is copied in as ``critic_heldout``
-and gets its own table in ``summary.md``.
+and gets its own table in ``summary.md``; so does the optional stage benefit's ``budgets.json``
+(:mod:`cast_rl.eval.net_benefit`: pass^k per token per verification budget, the budget chosen)
+as ``benefit``, with one headline line.
 
 Paired differences with 95% intervals (:mod:`cast_rl.eval.uncertainty`) compare every
 configuration after training with itself before, and with the critic against without it within
@@ -57,6 +59,8 @@ def headline(report: dict[str, Any]) -> list[str]:
             cells = "  ".join(f"{k}={v:.3f}" + (f" [{cis[k][0]:.2f},{cis[k][1]:.2f}]" if k in cis else "")
                               for k, v in values["pass^k"].items())
             lines.append(f"{config['label']:<32} {group:<14} {cells}")
+    if report.get("benefit"):
+        lines.append(benefit_line(report["benefit"]))
     for name, m in ((report.get("critic_heldout") or {}).get("critics") or {}).items():
         lines.append(f"held-out critic {name:<16} recall={m['recall']:.3f}  fpr={m['false_positive_rate']:.3f}  "
                      f"type_acc={m['type_accuracy']:.3f}  leakage={m['leakage_rate']:.3f}  "
@@ -64,8 +68,36 @@ def headline(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def benefit_line(benefit: dict[str, Any]) -> str:
+    """``verification budget chosen: B=1 by max pass^1 per 1k tokens (...)`` from ``budgets.json``."""
+    k = str(benefit["passk_k"])
+    cells = "  ".join(f"B={b}: {row['passk_per_1k_tokens'][k]:.3f}" for b, row in benefit["budgets"].items())
+    return (f"verification budget chosen: B={benefit['chosen_budget']} by max pass^{k} per 1k tokens "
+            f"({cells}; false-positive rate {benefit['fp_rate']})")
+
+
+def benefit_markdown(benefit: dict[str, Any]) -> list[str]:
+    """The ``summary.md`` section of stage benefit: the choice, then one row per budget."""
+    k = str(benefit["passk_k"])
+    lines = ["## The critic's net benefit and the verification budget chosen", "", benefit_line(benefit) + ".",
+             f"Critic tokens counted as {benefit['critic_tokens']}.", "",
+             f"| budget | pass^{k} | tokens/episode | critic tokens/episode | pass^{k} per 1k tokens |",
+             "|---|---|---|---|---|"]
+    for b, row in benefit["budgets"].items():
+        lines.append(f"| {b}{' (chosen)' if int(b) == benefit['chosen_budget'] else ''} | {row['passk'][k]:.3f} | "
+                     f"{row['tokens_per_episode']:.0f} | {row['critic_tokens_per_episode']:.0f} | "
+                     f"{row['passk_per_1k_tokens'][k]:.3f} |")
+    m = benefit.get("metrics", {})
+    if "benefit/branch_pairs" in m:
+        lines += ["", f"At {int(m['benefit/flags'])} flagged actions ({int(m['benefit/false_positive_flags'])} valid "
+                  f"by the labeller), {int(m['benefit/branch_pairs'])} branch pairs: helped {int(m['benefit/helped'])}, "
+                  f"harmed {int(m['benefit/harmed'])}, unchanged {int(m['benefit/unchanged'])}."]
+    return lines + [""]
+
+
 def write_pipeline_report(
-    run_dir: Path, before: Path | None, after: Path | None, heldout: Path | None = None
+    run_dir: Path, before: Path | None, after: Path | None, heldout: Path | None = None,
+    benefit: Path | None = None,
 ) -> dict[str, Path]:
     load = lambda p: json.loads(p.read_text()) if p is not None and p.exists() else None  # noqa: E731
     merged = merge_reports(load(before), load(after))
@@ -75,12 +107,18 @@ def write_pipeline_report(
     critics = load(heldout)
     if critics is not None:
         merged["critic_heldout"] = critics
+    budgets = load(benefit)
+    if budgets is not None:
+        merged["benefit"] = budgets
     paths = write_report(merged, run_dir / "report")
     if viewer is not None:
         paths["viewer"] = viewer
     if critics is not None:
         with paths["summary"].open("a") as f:
             f.write("\n" + "\n".join(heldout_markdown(critics)))
+    if budgets is not None:
+        with paths["summary"].open("a") as f:
+            f.write("\n" + "\n".join(benefit_markdown(budgets)))
     return paths
 
 

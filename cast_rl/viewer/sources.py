@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cast_rl.config.schema import PIPELINE_STAGES
+from cast_rl.config.schema import STAGE_DIRS
 
 
 class ViewerInputError(ValueError):
@@ -52,7 +52,7 @@ def configuration_label(name: str) -> str:
 
 
 def _stage(root: Path, stage: str) -> Path:
-    return root / f"{PIPELINE_STAGES.index(stage):02d}_{stage}"
+    return root / STAGE_DIRS[stage]
 
 
 def _eval_sources(directory: Path, prefix: str = "", tag: str = "") -> list[Source]:
