@@ -151,3 +151,31 @@ def test_use_chosen_budget_needs_the_benefit_stage(tmp_path: Path) -> None:
     (done / "DONE.json").write_text(json.dumps({"chosen_budget": 2}))
     ctx = PipelineContext(cfg, None, make_group=lambda c: None)  # type: ignore[arg-type]
     assert ctx.collect_budget() == 2
+
+
+@pytest.mark.slow
+def test_the_stage_measures_the_served_policy_on_the_rollout_group(
+    ray_local, tiny_model_dir: Path, retail_data_dir: Path, tmp_path: Path  # noqa: ANN001
+) -> None:
+    """benefit_policy=policy: the sweep runs on the rollout group's worker (vLLM, the tiny random
+    policy, the rule critic), and collect_with_critic collects at the budget it chose."""
+    from launchers.pipeline import run_pipeline
+
+    run = tmp_path / "run"
+    cfg = load_config(None, [
+        f"run_dir={run}", f"env.data_dir={retail_data_dir}", "env.split=train", "env.max_steps=3",
+        f"policy.path={tiny_model_dir}", "policy.make_tiny_if_missing=false",
+        "inference.max_model_len=8192", "inference.max_new_tokens=24",
+        "rollout.num_workers=1", "rollout.num_cpus_per_worker=1", "rollout.episodes_in_flight=8",
+        "pipeline.stages=[benefit,collect_with_critic]", "pipeline.train_tasks=2", "pipeline.collect_trials=1",
+        "pipeline.benefit_tasks=2", "pipeline.benefit_trials=1", "pipeline.benefit_budgets=[0,1]",
+        "pipeline.benefit_k=1", "pipeline.use_chosen_budget=true", "pipeline.collect_budget=3",
+        "cluster.num_cpus=2", "logging.mode=disabled",
+    ])
+    result = run_pipeline(cfg)
+    chosen = result["stages"]["benefit"]["chosen_budget"]
+    budgets = json.loads((run / "05b_benefit" / "budgets.json").read_text())
+    assert budgets["chosen_budget"] == chosen in (0, 1) and set(budgets["budgets"]) == {"0", "1"}
+    assert budgets["budgets"]["0"]["episodes"] == 2 and budgets["budgets"]["0"]["policy_tokens_per_episode"] > 0
+    assert result["stages"]["collect_with_critic"]["verification_budget"] == chosen  # not collect_budget=3
+    assert any(line.startswith("verification budget chosen: B=") for line in result["headline"])
