@@ -80,7 +80,7 @@ def pipeline(compact_cancel, tiny_model_dir: Path, tmp_path_factory: pytest.Temp
             f"run_dir={root}", f"env.data_dir={data_dir}", "env.split=train", "env.max_steps=12",
             f"policy.path={tiny_model_dir}", "logging.mode=disabled",
             "pipeline.stages=[benefit,collect_with_critic,eval_after]", "pipeline.collect_trials=1",
-            "pipeline.collect_budget=1", f"pipeline.use_chosen_budget={use_chosen}", "eval.verification_budgets=[0,2]",
+            "pipeline.collect_budget=3", f"pipeline.use_chosen_budget={use_chosen}", "eval.verification_budgets=[0,2]",
             "pipeline.benefit_policy=noisy_expert", "pipeline.benefit_error_rate=1.0", "pipeline.benefit_trials=1",
             "pipeline.benefit_budgets=[0,1]", "pipeline.benefit_k=1", f"pipeline.benefit_fp_rate={p}",
         ])
@@ -134,7 +134,7 @@ def test_without_use_chosen_budget_collection_keeps_collect_budget(pipeline) -> 
     _, summaries, group = pipeline(0.5, False)
     assert summaries["benefit"]["chosen_budget"] == 0
     collected = summaries["collect_with_critic"]
-    assert collected["verification_budget"] == 1 == group.budgets[-1]
+    assert collected["verification_budget"] == 3 == group.budgets[-1]
     assert collected["budget_from"] == "pipeline.collect_budget" and collected["critique_rounds"] > 0
 
 
