@@ -70,6 +70,12 @@ class TinyConfig:
     policy) becomes one token of its own, e.g. ``'#W\\d{7}'`` for retail order ids.  A model
     trained from scratch then copies an identifier the user or a tool gave as one token instead
     of a run of digit pieces (the skill pretraining gives real models)."""
+    freeze_whole_tokens: bool = True
+    """Keep the random embeddings of the ``whole_tokens`` fixed through all training (listed as
+    ``frozen_token_ids`` in the model's config.json; the learner restores them after each step).
+    With their embeddings trainable, a model trained from scratch memorises the identifiers of
+    its training tasks and never learns to copy new ones; frozen, copying is the only way to
+    produce them, and it carries over to identifiers it never saw."""
 
     def __post_init__(self) -> None:
         for pattern in self.whole_tokens:

@@ -18,6 +18,11 @@ A step (:meth:`LearnerEngine.train_step`) takes this rank's share of a global ba
    supervised samples), backward with gradient sync only on the last micro-batch;
 4. gradient clipping and one AdamW step; the policy version goes up by one.
 
+Embedding rows a model's ``config.json`` lists under ``frozen_token_ids`` (the identifier tokens
+of the tiny offline policy, see :mod:`cast_rl.models.tiny`) are restored after every step, so
+weight decay and updates never move them: a model trained from scratch can then only produce an
+identifier by copying it from its context, and copying generalises to identifiers it never saw.
+
 With ``algorithm.old_logprobs=recompute`` the behaviour logprobs are this step's own forward
 pass, detached: there is one optimizer step per batch, so the pre-update forward verl would run
 gives exactly these values (the PPO ratio starts at 1) and a second pass is saved.
@@ -99,6 +104,7 @@ class LearnerEngine:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay
         )
+        self._frozen = self._frozen_rows()
         self.actor_config = verl_actor_config(cfg.algorithm)
         from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
@@ -233,7 +239,32 @@ class LearnerEngine:
             raise FloatingPointError(f"gradient norm is {norm_value} at step {self.version + 1}")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self._frozen is not None:
+            local, rows, values = self._frozen
+            with torch.no_grad():
+                local.index_copy_(0, rows, values)
         return norm_value
+
+    def _frozen_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(this rank's shard of the input embedding, its frozen row indices, their values).
+
+        FSDP2 shards the embedding on dim 0 in chunks of ceil(vocab / world_size) rows; a rank
+        keeps the frozen rows that fall in its chunk.
+        """
+        ids = sorted(set(getattr(self.model.config, "frozen_token_ids", None) or ()))
+        if not ids:
+            return None
+        weight = self.model.get_input_embeddings().weight
+        local = weight.to_local() if hasattr(weight, "to_local") else weight
+        vocab = weight.shape[0]
+        if ids[0] < 0 or ids[-1] >= vocab:
+            raise ValueError(f"{self.model_path}: config.json frozen_token_ids holds ids outside the vocabulary "
+                             f"(0..{vocab - 1})")
+        start = self.rank * -(-vocab // self.world_size)
+        rows = torch.tensor([i - start for i in ids if start <= i < start + local.shape[0]], dtype=torch.long,
+                            device=local.device)
+        logger.info("rank %d: %d of %d frozen embedding rows are on this shard", self.rank, len(rows), len(ids))
+        return local.data, rows, local.data.index_select(0, rows).clone()
 
     @torch.no_grad()
     def logprobs(self, samples: list[Sample]) -> list[list[float]]:

@@ -18,6 +18,7 @@ import logging
 import re
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from cast_rl.config.schema import TinyConfig
 
@@ -102,6 +103,12 @@ def train_tokenizer(corpus: list[str], vocab_size: int, whole_tokens: list[str] 
     return fast
 
 
+def whole_tokens_found(tokenizer: Any) -> list[str]:
+    """The whole tokens :func:`train_tokenizer` added: the added tokens that are not markup."""
+    special = set(SPECIAL_TOKENS) | set(MARKUP_TOKENS)
+    return [t.content for t in tokenizer.added_tokens_decoder.values() if t.content not in special]
+
+
 def make_tiny_model(
     out_dir: str | Path,
     spec: TinyModelSpec | None = None,
@@ -136,6 +143,8 @@ def make_tiny_model(
         torch_dtype="float32",
     )
     torch.manual_seed(seed)
+    if spec.whole_tokens and spec.freeze_whole_tokens:
+        config.frozen_token_ids = sorted(tokenizer.convert_tokens_to_ids(whole_tokens_found(tokenizer)))
     model = Qwen3ForCausalLM(config)
     model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
     model.save_pretrained(out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,40 @@ def test_published_weights_reach_the_collector_and_bad_syncs_are_loud(make_cfg) 
     on = [i for i, m in enumerate(traj.loss_mask) if m]
     assert [ours[i] for i in on] == pytest.approx([traj.logprobs[i] for i in on], abs=1e-5)
     assert traj.policy_version == version
+
+
+def test_frozen_identifier_rows_never_move_while_the_rest_trains(tmp_path: Path) -> None:
+    """The tiny policy's whole-token identifiers are listed in config.json and the learner keeps
+    their embedding rows (tied to the output head) exactly, through updates and weight decay;
+    a saved model carries the list on, so later stages keep them frozen too."""
+    from transformers import AutoTokenizer
+
+    from cast_rl.config import load_config
+    from cast_rl.config.schema import TinyConfig
+    from cast_rl.models.tiny import make_tiny_model
+
+    corpus = ["order #W1234567 and #W7654321 for noah_brown_1234; ids #W1111111 " * 3]
+    model_dir = make_tiny_model(tmp_path / "m", TinyConfig(whole_tokens=[r"#W\d{7}", r"[a-z]+_[a-z]+_\d{4}"]),
+                                extra_corpus=corpus)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    frozen = sorted(i for t, i in tok.get_vocab().items() if re.fullmatch(r"#W\d{7}|[a-z]+_[a-z]+_\d{4}", t))
+    assert len(frozen) == 5  # the four above and the base corpus's #W2611340
+    assert sorted(AutoModelForCausalLM.from_pretrained(model_dir).config.frozen_token_ids) == sorted(frozen)
+
+    cfg = load_config(None, [f"policy.path={model_dir}", f"run_dir={tmp_path / 'run'}", "learner.lr=1e-2",
+                             "learner.weight_decay=0.1", "logging.mode=disabled", "learner.checkpoint_every=null",
+                             "learner.micro_batch_size=4", "learner.global_batch_size=8"])
+    engine = LearnerEngine(cfg)
+    before = engine.full_state_dict()["model.embed_tokens.weight"].clone()
+    ids = tok("order #W1234567 and #W7654321 for noah_brown_1234")["input_ids"]
+    batch = [Sample(f"s{i}", "supervised", ids, [1] * len(ids), [0.0] * len(ids)) for i in range(8)]
+    for _ in range(3):
+        engine.train_step(batch)
+    after = engine.full_state_dict()["model.embed_tokens.weight"]
+    moved = (after - before).abs().amax(dim=1)
+    assert float(moved[frozen].max()) == 0.0  # exactly kept, trained on and decayed as they were
+    others = [i for i in range(len(tok)) if i not in frozen]
+    assert float(moved[others].max()) > 1e-3
+
+    saved = engine.save_hf(tmp_path / "saved")
+    assert sorted(AutoModelForCausalLM.from_pretrained(saved).config.frozen_token_ids) == sorted(frozen)
