@@ -412,14 +412,15 @@ def optimise(ctx: PipelineContext, out: Path) -> dict[str, Any]:
                     logger.warning("optimise: no %s samples in the collected trajectories", "/".join(sft_kinds))
             rl = [k for k in cfg.algorithm.samples if k not in SUPERVISED_KINDS]
             if rl and cfg.algorithm.steps:
-                group.set_verification_budget(ctx.collect_budget())
+                budget = ctx.collect_budget()
+                group.set_verification_budget(budget)
                 rl_cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, samples=rl))
                 tasks = list(cfg.env.task_indices or range(len(ctx.data.tasks(cfg.env.split))))
                 run = train_policy(rl_cfg, _VersionedCollector(group, ctx), tasks, cfg.env.split, log,
                                    lambda: _learner(ctx, cfg.learner.lr), learner=learner, resume=False)
                 learner = run.loop.learner  # the supervisor may have rebuilt the group
                 summary["grpo_steps"] = run.loop.state.step
-                summary["verification_budget"] = ctx.collect_budget()
+                summary["verification_budget"] = budget
                 summary["learner_restarts"] = len(run.failures)
                 for key in ("train/reward_mean", "rollout/critique_rounds", "rollout/zero_variance_group_frac"):
                     summary[key.split("/")[1] + "_per_step"] = [round(h.get(key, float("nan")), 4) for h in run.history]
