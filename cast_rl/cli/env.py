@@ -42,7 +42,7 @@ def _generate(args: argparse.Namespace) -> int:
     if env.domain != "retail":
         raise ConfigError(f"config error: env.domain={env.domain!r} is not allowed here; only retail is generated")
     counts = write_retail(args.out, env.generated_seed, env.generated_tasks, tuple(env.generated_kinds),
-                          env.generated_compact)
+                          env.generated_compact, env.generated_auth)
     print(f"wrote {args.out}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     return 0
 

@@ -46,11 +46,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _make_tiny(args: argparse.Namespace) -> int:
+    from cast_rl.models.aliases import alias_tokens
     from cast_rl.models.tiny import corpus_from_paths, make_tiny_model
 
     policy = config_from_args(args).policy
     extra = corpus_from_paths(args.corpus)
-    out = make_tiny_model(args.out_dir, spec=policy.tiny, seed=policy.seed, extra_corpus=extra)
+    out = make_tiny_model(args.out_dir, spec=policy.tiny, seed=policy.seed, extra_corpus=extra,
+                          extra_tokens=alias_tokens(list(policy.entity_aliases)))
     print(out)
     return 0
 

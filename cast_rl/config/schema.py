@@ -107,9 +107,26 @@ class ModelConfig:
     """With make_tiny_if_missing: the size of the tiny model built."""
     dtype: str = "float32"
     """Parameter dtype: float32, bfloat16 or float16."""
+    entity_aliases: dict[str, str] = field(default_factory=dict)
+    """Policy only: label -> regular expression.  Every identifier matching a pattern is shown to
+    the policy as ``[<label>_<n>]``, numbered by first appearance in the conversation, and mapped
+    back in what it writes (delexicalisation for a policy too small to copy identifiers; see
+    cast_rl.models.aliases).  Messages, environment, critic and labeller keep the real ids; a
+    tiny model built here holds the aliases as single tokens.  Empty: off."""
 
     def __post_init__(self) -> None:
         _check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        for label, pattern in self.entity_aliases.items():
+            if not re.fullmatch(r"[a-z][a-z0-9]*", label):
+                raise ValueError(f"policy.entity_aliases: label {label!r} is not allowed; use lower-case "
+                                 "letters and digits")
+            try:
+                empty = re.compile(pattern).match("")
+            except re.error as exc:
+                raise ValueError(f"policy.entity_aliases.{label}: {pattern!r} is not a regular expression: "
+                                 f"{exc}") from None
+            if empty:
+                raise ValueError(f"policy.entity_aliases.{label}: {pattern!r} matches the empty string")
 
 
 @dataclass(frozen=True)
@@ -183,12 +200,16 @@ class EnvConfig:
     generated_compact: bool = False
     """With data_dir empty: the compact setting (a policy cut to the rules of generated_kinds and
     only the tools their tasks use); same database, tools and reward, far shorter prompts."""
+    generated_auth: str = "either"
+    """With data_dir empty: how generated users identify themselves: either (email or name and
+    zip code, half each), email or name_zip."""
 
     def __post_init__(self) -> None:
         _check_choice("env.domain", self.domain, DOMAIN_NAMES)
         _check_positive("env.max_steps", self.max_steps)
         _check_positive("env.tool_timeout_s", self.tool_timeout_s)
         _check_positive("env.generated_tasks", self.generated_tasks)
+        _check_choice("env.generated_auth", self.generated_auth, ("either", "email", "name_zip"))
         bad = [k for k in self.generated_kinds if k not in RETAIL_TASK_KINDS]
         if bad or not self.generated_kinds:
             raise ValueError(f"env.generated_kinds={self.generated_kinds} is not allowed; choose a "
@@ -281,6 +302,9 @@ class CriticConfig:
 
     def __post_init__(self) -> None:
         _check_choice("critic.backend", self.backend, ("rule", "model", "trained"))
+        if self.model.entity_aliases:
+            raise ValueError("critic.model.entity_aliases is not allowed; aliases apply to the policy only "
+                             "(policy.entity_aliases)")
         _check_positive("critic.max_concurrency", self.max_concurrency)
         _check_positive("critic.max_prompt_chars", self.max_prompt_chars)
         _check_choice("critic.on_unparsable", self.on_unparsable, ("allow", "reject"))

@@ -169,7 +169,7 @@ def build_database(rng: random.Random, num_users: int) -> dict[str, dict[str, An
 
 
 def generate_retail(
-    seed: int, num_tasks: int, kinds: tuple[str, ...] = KINDS, compact: bool = False
+    seed: int, num_tasks: int, kinds: tuple[str, ...] = KINDS, compact: bool = False, auth: str = "either",
 ) -> tuple[dict[str, dict[str, Any]], list[Task], str, list[dict[str, Any]]]:
     """Database, tasks, policy text and tool schemas for one seed (deterministic).
 
@@ -179,6 +179,7 @@ def generate_retail(
     the tool list only the tools their gold actions call plus both authentication lookups, each
     described by its name and parameters only, in the benchmark's order.  Database, tool
     behaviour and reward are those of the full setting; only what the agent reads is shorter.
+    ``auth`` is how users identify themselves (see :func:`~cast_rl.envs.retail_tasks.build_tasks`).
     """
     if num_tasks < 1:
         raise ValueError(f"num_tasks={num_tasks} is not allowed; it must be >= 1")
@@ -186,7 +187,8 @@ def generate_retail(
     # The compact setting draws up to one user per task (400 at most), so a policy trained on
     # it meets many identities and must copy them from the conversation, not remember them.
     db = build_database(rng, num_users=min(400 if compact else 60, max(20, num_tasks)))
-    tasks = build_tasks(rng, db, num_tasks, tuple(kinds), unknown_id_rate=0.0 if compact else 0.3)
+    tasks = build_tasks(rng, db, num_tasks, tuple(kinds), unknown_id_rate=0.0 if compact else 0.3,
+                        auth=auth)
     if not compact:
         return db, tasks, POLICY, tool_schemas()
     used = {a.name for t in tasks for a in t.actions} | set(_AUTH_TOOLS)
@@ -256,11 +258,12 @@ def _dump(path: Path, obj: Any) -> None:
 
 
 def write_retail(
-    out: str | Path, seed: int, num_tasks: int, kinds: tuple[str, ...] = KINDS, compact: bool = False
+    out: str | Path, seed: int, num_tasks: int, kinds: tuple[str, ...] = KINDS, compact: bool = False,
+    auth: str = "either",
 ) -> dict[str, int]:
     """Generate and write a data directory; returns counts for a summary line."""
     out = Path(out)
-    db, tasks, policy, tools = generate_retail(seed, num_tasks, kinds, compact)
+    db, tasks, policy, tools = generate_retail(seed, num_tasks, kinds, compact, auth)
     (out / "db").mkdir(parents=True, exist_ok=True)
     for name, table in db.items():
         _dump(out / "db" / f"{name}.json", table)

@@ -375,16 +375,24 @@ def _find(
     return None
 
 
+AUTH_CHOICES = ("either", "email", "name_zip")
+
+
 def build_tasks(
     rng: random.Random, db: dict[str, Any], num_tasks: int, kinds: tuple[str, ...] = KINDS,
-    unknown_id_rate: float = 0.3,
+    unknown_id_rate: float = 0.3, auth: str = "either",
 ) -> list[Task]:
     """``num_tasks`` tasks cycling through ``kinds`` (shuffled within each cycle).
+
+    ``auth`` is how users identify themselves: ``either`` (email or name and zip, half each),
+    ``email`` or ``name_zip`` (the same draws are made, so only the identification differs).
 
     With a subset of :data:`KINDS`, every task is of one of those kinds (``multi`` pairs two of
     the chosen single kinds).  ``unknown_id_rate`` is the chance that the user describes an order
     by its items instead of its id (the agent must then search the user's orders).
     """
+    if auth not in AUTH_CHOICES:
+        raise ValueError(f"auth={auth!r} is not allowed; choose one of {list(AUTH_CHOICES)}")
     unknown = [k for k in kinds if k not in KINDS]
     if unknown or not kinds:
         raise ValueError(f"task kinds {list(kinds)} are not allowed; choose from {list(KINDS)}")
@@ -405,7 +413,8 @@ def build_tasks(
         user_id, requests = found
         for request in requests:
             plan = plan.after(request, user_id)
-        tasks.append(_assemble(db, user_id, requests, by_email=rng.random() < 0.5))
+        by_email = rng.random() < 0.5
+        tasks.append(_assemble(db, user_id, requests, by_email=by_email if auth == "either" else auth == "email"))
     if reused:
         logger.info("%d of %d tasks reuse orders of earlier tasks", reused, num_tasks)
     return tasks

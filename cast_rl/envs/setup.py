@@ -33,13 +33,16 @@ def data_dir_for(cfg: CastConfig) -> Path:
         name += "-" + "+".join(env.generated_kinds)
     if env.generated_compact:
         name += "-compact"
+    if env.generated_auth != "either":
+        name += f"-{env.generated_auth}"
     out = Path(cfg.run_dir) / "data" / name
     if not out.exists():
         logger.info("generating %d retail tasks (seed %d) in %s", cfg.env.generated_tasks, cfg.env.generated_seed, out)
         # Write beside the target and rename: processes racing on one node never see half a copy.
         tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
         write_retail(tmp, seed=env.generated_seed, num_tasks=env.generated_tasks,
-                     kinds=tuple(env.generated_kinds), compact=env.generated_compact)
+                     kinds=tuple(env.generated_kinds), compact=env.generated_compact,
+                     auth=env.generated_auth)
         try:
             tmp.rename(out)
         except OSError:  # another process finished first; its copy is identical

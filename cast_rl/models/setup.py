@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from cast_rl.config.schema import CastConfig, ModelConfig
+from cast_rl.models.aliases import alias_tokens
 from cast_rl.models.tiny import corpus_from_paths, make_tiny_model
 
 logger = logging.getLogger(__name__)
@@ -24,7 +25,8 @@ def ensure_model(model: ModelConfig, corpus_dirs: list[Path] | None = None) -> P
         )
 
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    make_tiny_model(tmp, model.tiny, seed=model.seed, extra_corpus=corpus_from_paths(corpus_dirs or []))
+    make_tiny_model(tmp, model.tiny, seed=model.seed, extra_corpus=corpus_from_paths(corpus_dirs or []),
+                    extra_tokens=alias_tokens(list(model.entity_aliases)))
     try:
         tmp.rename(path)
     except OSError:  # built concurrently elsewhere

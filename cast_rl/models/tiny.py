@@ -65,11 +65,13 @@ def chat_template() -> str:
     return resources.files("cast_rl.assets").joinpath("chat_template.jinja").read_text()
 
 
-def train_tokenizer(corpus: list[str], vocab_size: int, whole_tokens: list[str] = ()):  # -> PreTrainedTokenizerFast
+def train_tokenizer(
+    corpus: list[str], vocab_size: int, whole_tokens: list[str] = (), extra_tokens: list[str] = (),
+):  # -> PreTrainedTokenizerFast
     """A byte-level BPE tokenizer with Qwen-style special tokens and our chat template.
 
-    Every match of a ``whole_tokens`` pattern in the corpus is added as a token of its own
-    (ordinary, not special: it decodes like text).
+    Every match of a ``whole_tokens`` pattern in the corpus, and every string of
+    ``extra_tokens``, is added as a token of its own (ordinary, not special: it decodes like text).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -99,14 +101,17 @@ def train_tokenizer(corpus: list[str], vocab_size: int, whole_tokens: list[str] 
     if whole_tokens:
         found = {m.group(0) for text in corpus for p in whole_tokens for m in re.finditer(p, text)}
         fast.add_tokens(sorted(found))
+    if extra_tokens:
+        fast.add_tokens(list(extra_tokens))
     fast.chat_template = chat_template()
     return fast
 
 
-def whole_tokens_found(tokenizer: Any) -> list[str]:
-    """The whole tokens :func:`train_tokenizer` added: the added tokens that are not markup."""
-    special = set(SPECIAL_TOKENS) | set(MARKUP_TOKENS)
-    return [t.content for t in tokenizer.added_tokens_decoder.values() if t.content not in special]
+def whole_tokens_found(tokenizer: Any, extra_tokens: list[str] = ()) -> list[str]:
+    """The whole tokens :func:`train_tokenizer` added: the added tokens that are neither markup
+    nor among ``extra_tokens``."""
+    skip = set(SPECIAL_TOKENS) | set(MARKUP_TOKENS) | set(extra_tokens)
+    return [t.content for t in tokenizer.added_tokens_decoder.values() if t.content not in skip]
 
 
 def make_tiny_model(
@@ -114,8 +119,11 @@ def make_tiny_model(
     spec: TinyModelSpec | None = None,
     seed: int = 0,
     extra_corpus: list[str] | None = None,
+    extra_tokens: list[str] | None = None,
 ) -> Path:
-    """Write a tiny Qwen3 causal LM and tokenizer to ``out_dir``; returns the directory."""
+    """Write a tiny Qwen3 causal LM and tokenizer to ``out_dir``; returns the directory.
+
+    ``extra_tokens`` become single (trainable) tokens, e.g. the policy's identifier aliases."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -124,7 +132,7 @@ def make_tiny_model(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     corpus = [_BASE_CORPUS, *(extra_corpus or [])]
-    tokenizer = train_tokenizer(corpus, spec.vocab_size, spec.whole_tokens)
+    tokenizer = train_tokenizer(corpus, spec.vocab_size, spec.whole_tokens, extra_tokens or [])
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     pad_id = tokenizer.convert_tokens_to_ids(EOS)
     config = Qwen3Config(
@@ -144,7 +152,7 @@ def make_tiny_model(
     )
     torch.manual_seed(seed)
     if spec.whole_tokens and spec.freeze_whole_tokens:
-        config.frozen_token_ids = sorted(tokenizer.convert_tokens_to_ids(whole_tokens_found(tokenizer)))
+        config.frozen_token_ids = sorted(tokenizer.convert_tokens_to_ids(whole_tokens_found(tokenizer, extra_tokens or [])))
     model = Qwen3ForCausalLM(config)
     model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
     model.save_pretrained(out)

@@ -114,6 +114,9 @@ def _encode(tokenizer: Any, body: str, eos: int) -> Completion:
 class ScriptEngine:
     """An engine that answers the n-th policy turn of a prompt with ``turns[n]`` (canonical ids)."""
 
+    writes_real_ids = True
+    """It reads and writes real identifiers (see :mod:`cast_rl.models.aliases`)."""
+
     def __init__(self, tokenizer: Any, turns: list[str]) -> None:
         self.tokenizer = tokenizer
         self.turns = turns
@@ -133,6 +136,9 @@ class ScriptEngine:
 
 class ExpertEngine:
     """One episode's expert: its plan, and how far it got (see the module docstring)."""
+
+    writes_real_ids = True
+    """It reads and writes real identifiers (see :mod:`cast_rl.models.aliases`)."""
 
     def __init__(self, tokenizer: Any, plan: list[ExpertTurn], max_asks: int = 3) -> None:
         if max_asks < 1:

@@ -95,6 +95,9 @@ class _Seen:
 class NoisyExpertEngine:
     """One episode's teacher: the next step of ``task``'s gold actions, with one drawn error."""
 
+    writes_real_ids = True
+    """It reads and writes real identifiers (see :mod:`cast_rl.models.aliases`)."""
+
     def __init__(
         self, tokenizer: Any, task: Task, write_tools: frozenset[str], error: str | None, defers: bool = False,
     ) -> None:

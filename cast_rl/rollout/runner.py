@@ -32,6 +32,7 @@ from cast_rl.envs.core import DomainData, Episode, StepTimeout
 from cast_rl.envs.types import RESPOND, Action
 from cast_rl.envs.users import build_user
 from cast_rl.inference.base import Completion, GenerationTimeout, InferenceEngine, Sampling
+from cast_rl.models.aliases import EntityAliases
 from cast_rl.records import CRITIC_NAME, PolicyTurn, Trajectory, VerificationRound
 from cast_rl.rollout.tokens import ConversationTokens
 
@@ -138,6 +139,8 @@ class EpisodeRunner:
         self.policy_version = policy_version
         self.user_complete = user_complete
         self.stats = RunnerStats()
+        patterns = cfg.policy.entity_aliases
+        self.aliases = EntityAliases(patterns) if patterns else None
         inf = cfg.inference
         self.sampling = Sampling(
             max_new_tokens=inf.max_new_tokens, temperature=inf.temperature, top_p=inf.top_p
@@ -197,7 +200,8 @@ class EpisodeRunner:
             self.cfg.env.tool_timeout_s,
         )
         return EpisodeState(
-            spec=spec, episode=episode, engine=engine, conv=ConversationTokens(engine.tokenizer, self.data.tools),
+            spec=spec, episode=episode, engine=engine,
+            conv=ConversationTokens(engine.tokenizer, self.data.tools, self.aliases),
             sampling=replace(self.sampling, seed=seed), versions={self.policy_version()},
         )
 
@@ -374,6 +378,7 @@ class EpisodeRunner:
         from cast_rl.rollout.expert import tool_call_text
 
         text = action.kwargs.get("content", "") if action.name == RESPOND else tool_call_text(action.name, action.kwargs)
+        text = conv.policy_text(text)
         tok = conv.tokenizer
         return [*tok(text, add_special_tokens=False).input_ids, tok.convert_tokens_to_ids(tok.eos_token)]
 
@@ -405,7 +410,7 @@ class EpisodeRunner:
             if on_decision is not None:
                 on_decision(state)
             prompt_tokens = len(conv)
-            completion = await state.engine.generate(conv.token_ids, state.sampling)
+            completion = await self._generate(state)
             state.versions.add(self.policy_version())
             message, parsed = conv.add_policy_turn(completion)
             action = _to_action(parsed)
@@ -427,6 +432,19 @@ class EpisodeRunner:
             state.rounds.append(VerificationRound(len(conv.messages) - 1, action.to_json(), critique.to_json()))
             conv.add_context([{"role": "user", "name": CRITIC_NAME, "content": critique.text}])
             state.round_index += 1
+
+    @staticmethod
+    async def _generate(state: EpisodeState) -> Completion:
+        """The engine's next turn.  A scripted teacher (``writes_real_ids``) reads the prompt
+        with real identifiers, and its turn is written as the policy would write it (aliases)."""
+        conv, engine = state.conv, state.engine
+        if conv.aliases is None or not getattr(engine, "writes_real_ids", False):
+            return await engine.generate(conv.token_ids, state.sampling)
+        completion = await engine.generate(conv.env_prompt_ids(), state.sampling)
+        tok = conv.tokenizer
+        text = conv.policy_text(completion.text)
+        ids = [*tok(text, add_special_tokens=False).input_ids, tok.convert_tokens_to_ids(tok.eos_token)]
+        return Completion(text=text, token_ids=ids, logprobs=[0.0] * len(ids))
 
     def _request(self, conv: ConversationTokens, action: Action):  # noqa: ANN202
         from cast_rl.critique.verifier import VerifyRequest

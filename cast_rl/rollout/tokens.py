@@ -16,6 +16,11 @@ boundary, so encoding a delta equals the corresponding slice of encoding the who
 ``token_ids`` equals re-tokenising the final conversation whenever the policy's own tokens are the
 canonical tokenisation of its text and its turn re-renders to the same text; :attr:`consistent`
 says whether that held (it is reported as a rollout metric, never silently assumed).
+
+With ``aliases`` (:mod:`cast_rl.models.aliases`) the conversation is rendered as the policy sees
+it, identifiers replaced by per-conversation aliases, while ``messages`` keep the real ones: the
+policy's turns are mapped back before they are parsed, and :meth:`policy_text` /
+:meth:`env_prompt_ids` serve engines that write real identifiers (the scripted teachers).
 """
 
 from __future__ import annotations
@@ -27,15 +32,19 @@ import re
 from typing import Any
 
 from cast_rl.inference.base import Completion
+from cast_rl.models.aliases import EntityAliases
 from cast_rl.models.chat import ParsedTurn, parse_assistant
 
 
 class ConversationTokens:
     """Messages plus their token ids, loss mask and logprobs, built turn by turn."""
 
-    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None) -> None:
+    def __init__(
+        self, tokenizer: Any, tools: list[dict[str, Any]] | None, aliases: EntityAliases | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.tools = tools or None
+        self.aliases = aliases
         self.messages: list[dict[str, Any]] = []
         self.token_ids: list[int] = []
         self.loss_mask: list[int] = []
@@ -53,10 +62,28 @@ class ConversationTokens:
         self._rendered: str | None = ""  # render(self.messages) while known, else None
         self._prompt_suffix: str | None = None  # what add_generation_prompt appends
 
-    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool, shown: bool = True) -> str:
+        """The chat template's text of ``messages``: as the policy sees them (aliases applied),
+        or with ``shown=False`` as they are."""
+        if shown and self.aliases is not None:
+            messages = self.aliases.apply(messages)[0]
         return self.tokenizer.apply_chat_template(
             messages, tools=self.tools, tokenize=False, add_generation_prompt=generation_prompt
         )
+
+    def policy_text(self, text: str) -> str:
+        """``text`` written with real identifiers, as the policy would write it next."""
+        if self.aliases is None:
+            return text
+        return self.aliases.to_policy(self.aliases.apply(self.messages)[1], text)
+
+    def env_prompt_ids(self) -> list[int]:
+        """The prompt with real identifiers, for an engine that reads and writes them (a scripted
+        teacher); without aliases it is ``token_ids``."""
+        if self.aliases is None:
+            return self.token_ids
+        text = self._render(self.messages, generation_prompt=True, shown=False)
+        return encode_context(self.tokenizer, text)
 
     def _generation_prompt(self, rendered: str) -> str:
         """The text the template appends for the assistant's turn.
@@ -130,6 +157,8 @@ class ConversationTokens:
             self._text += eos
         else:
             text = text[: -len(eos)]
+        if self.aliases is not None:  # the policy wrote aliases: the message holds what they name
+            text = self.aliases.to_real(self.aliases.apply(self.messages)[1], text)
         parsed = parse_assistant(text)
         message = assistant_message(parsed, raw_text=text, turn=len(self.messages))
         self.messages.append(message)

@@ -258,3 +258,14 @@ def test_cli_writes_a_loadable_data_dir(tmp_path: Path, capsys: pytest.CaptureFi
     assert data.policy.startswith("# Retail agent policy")
     assert [t["function"]["name"] for t in data.tools] == list(get_domain("retail").tool_map)
     assert json.loads((out / "tasks_test.json").read_text())[0]["annotator"] == "synthetic"
+
+
+@pytest.mark.parametrize(("auth", "expected"), [("email", {AUTH[0]}), ("name_zip", {AUTH[1]}), ("either", set(AUTH))])
+def test_auth_choice_changes_only_how_users_identify(auth: str, expected: set[str]) -> None:
+    db, tasks, _, _ = generate_retail(seed=0, num_tasks=40, kinds=("cancel",), compact=True, auth=auth)
+    _, either, _, _ = generate_retail(seed=0, num_tasks=40, kinds=("cancel",), compact=True)
+    assert {t.actions[0].name for t in tasks} == expected
+    # the same users and requests: only the identifying lookup (and its line) differs
+    assert [(t.user_id, t.actions[1:]) for t in tasks] == [(t.user_id, t.actions[1:]) for t in either]
+    with pytest.raises(ValueError, match="auth='phone' is not allowed"):
+        generate_retail(seed=0, num_tasks=4, auth="phone")

@@ -35,3 +35,23 @@ def test_a_bad_pattern_names_the_key() -> None:
         TinyConfig(whole_tokens=["#W(\\d"])
     cfg = load_config(None, ["policy.tiny.whole_tokens=['#W\\d{7}']"])
     assert cfg.policy.tiny.whole_tokens == ["#W\\d{7}"]
+
+
+def test_policy_aliases_are_single_trainable_tokens(tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    from cast_rl.config.schema import ModelConfig
+    from cast_rl.models.setup import ensure_model
+
+    model = ModelConfig(path=str(tmp_path / "policy"), entity_aliases={"order": r"#W\d{7}", "email": r"\S+@example\.com"},
+                        tiny=TinyConfig(whole_tokens=[r"\b[a-z]+_[a-z]+_\d{4}\b"]))
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "db.json").write_text(CORPUS[0])
+    path = ensure_model(model, [tmp_path / "corpus"])
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    assert tok.tokenize('{"order_id": "[order_1]", "email": "[email_8]"}').count("[order_1]") == 1
+    assert tok.tokenize("[email_8]") == ["[email_8]"] and len(tok.tokenize("[order_9]")) > 1
+    frozen = json.loads((path / "config.json").read_text())["frozen_token_ids"]
+    assert frozen == [tok.convert_tokens_to_ids("sami_zhou_8461")]  # whole tokens frozen, aliases trained
