@@ -21,6 +21,9 @@ RETAIL_TASK_KINDS = (
 )
 """Task kinds of the procedural retail generator (:mod:`cast_rl.envs.retail_tasks`)."""
 
+RETAIL_AUTH_CHOICES = ("either", "email", "name_zip")
+"""How the procedural retail generator's users identify themselves (``env.generated_auth``)."""
+
 
 def _check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
@@ -209,7 +212,7 @@ class EnvConfig:
         _check_positive("env.max_steps", self.max_steps)
         _check_positive("env.tool_timeout_s", self.tool_timeout_s)
         _check_positive("env.generated_tasks", self.generated_tasks)
-        _check_choice("env.generated_auth", self.generated_auth, ("either", "email", "name_zip"))
+        _check_choice("env.generated_auth", self.generated_auth, RETAIL_AUTH_CHOICES)
         bad = [k for k in self.generated_kinds if k not in RETAIL_TASK_KINDS]
         if bad or not self.generated_kinds:
             raise ValueError(f"env.generated_kinds={self.generated_kinds} is not allowed; choose a "

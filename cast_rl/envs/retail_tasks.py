@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cast_rl.config.schema import RETAIL_TASK_KINDS
+from cast_rl.config.schema import RETAIL_AUTH_CHOICES, RETAIL_TASK_KINDS
 from cast_rl.envs.retail_catalogue import CITIES, STREETS
 from cast_rl.envs.types import Action, Task
 
@@ -375,9 +375,6 @@ def _find(
     return None
 
 
-AUTH_CHOICES = ("either", "email", "name_zip")
-
-
 def build_tasks(
     rng: random.Random, db: dict[str, Any], num_tasks: int, kinds: tuple[str, ...] = KINDS,
     unknown_id_rate: float = 0.3, auth: str = "either",
@@ -391,8 +388,8 @@ def build_tasks(
     the chosen single kinds).  ``unknown_id_rate`` is the chance that the user describes an order
     by its items instead of its id (the agent must then search the user's orders).
     """
-    if auth not in AUTH_CHOICES:
-        raise ValueError(f"auth={auth!r} is not allowed; choose one of {list(AUTH_CHOICES)}")
+    if auth not in RETAIL_AUTH_CHOICES:
+        raise ValueError(f"auth={auth!r} is not allowed; choose one of {list(RETAIL_AUTH_CHOICES)}")
     unknown = [k for k in kinds if k not in KINDS]
     if unknown or not kinds:
         raise ValueError(f"task kinds {list(kinds)} are not allowed; choose from {list(KINDS)}")
