@@ -15,6 +15,13 @@ Measured on the same randomly generated batches (a small offline Qwen3 built on 
 * ``sync_vs_memcpy``: one weight sync (full-weight gather on every rank, the state dict stored
   once in the object store, and a reader actor's ``ray.get`` of it, with checksum) divided by
   one in-memory copy of the same number of bytes (best of 5); both medians of ``--sync-reps``.
+* ``loss_token_logits_speedup``: tokens/s of one in-process learner rank with
+  ``learner.logits=loss_tokens`` divided by the same rank with ``learner.logits=all``, on the
+  embedded default's shapes: the quickstart's policy (``configs/quickstart.yaml``: 0.8M
+  parameters, its tokenizer trained on the generated retail data, vocabulary ~4.1k), 16
+  conversations of ~1.6k tokens per step of which ~16% are the policy's turns (the loss), in
+  micro-batches of 8, ``--logits-threads`` torch threads.  Steps alternate between the two
+  engines (same batches, same order), and the first step of each is a warm-up.
 
 The last line of stdout is one JSON object with the numbers.
 """
@@ -49,6 +56,62 @@ def make_batches(n: int, size: int, min_len: int, max_len: int, vocab: int, seed
             batch.append(Sample(f"b{b}-{i}", "supervised", ids, [0] * half + [1] * (length - half), [0.0] * length))
         batches.append(batch)
     return batches
+
+
+def conversation_batches(n: int, size: int, vocab: int, seed: int = 0) -> list:
+    """Batches shaped like the quickstart's: ~1.6k-token conversations whose loss is on 4-6
+    policy turns of 40-60 tokens (~16% of the tokens)."""
+    from cast_rl.learner.sample import Sample
+
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for b in range(n):
+        batch = []
+        for i in range(size):
+            length = int(torch.randint(1400, 1800, (1,), generator=g))
+            ids = torch.randint(3, vocab, (length,), generator=g).tolist()
+            mask = [0] * length
+            turns = int(torch.randint(4, 7, (1,), generator=g))
+            for t in range(turns):
+                start = 600 + t * (length - 700) // turns
+                for j in range(start, start + int(torch.randint(40, 61, (1,), generator=g))):
+                    mask[j] = 1
+            batch.append(Sample(f"c{b}-{i}", "supervised", ids, mask, [0.0] * length))
+        batches.append(batch)
+    return batches
+
+
+def logits_speedup(batches_n: int, threads: int) -> dict[str, float]:
+    """(tokens/s with learner.logits=all, with loss_tokens, loss-token share) on the
+    quickstart's model and conversation shapes (module doc)."""
+    from cast_rl.config import load_config
+    from cast_rl.envs.setup import load_env_data
+    from cast_rl.learner.engine import LearnerEngine
+    from cast_rl.models.setup import ensure_policy_model
+
+    torch.set_num_threads(threads)
+    tmp = Path(tempfile.mkdtemp(prefix="logits-bench-"))
+    base = load_config(REPO / "configs" / "quickstart.yaml",
+                       [f"run_dir={tmp}", f"policy.path={tmp / 'policy'}", "logging.mode=disabled"])
+    model_dir = ensure_policy_model(base, load_env_data(base))
+    engines = {mode: LearnerEngine(load_config(REPO / "configs" / "quickstart.yaml", [
+        f"run_dir={tmp}", f"policy.path={model_dir}", "logging.mode=disabled", f"learner.logits={mode}",
+        "learner.checkpoint_every=null"])) for mode in ("all", "loss_tokens")}
+    vocab = engines["all"].model.config.vocab_size
+    batches = conversation_batches(batches_n, base.learner.global_batch_size, vocab)
+    seconds = {mode: 0.0 for mode in engines}
+    timed_tokens = 0
+    for i, batch in enumerate(batches):
+        for mode in (("all", "loss_tokens") if i % 2 else ("loss_tokens", "all")):
+            t0 = time.perf_counter()
+            engines[mode].train_step(batch)
+            if i:
+                seconds[mode] += time.perf_counter() - t0
+        if i:
+            timed_tokens += sum(len(s.token_ids) for s in batch)
+    share = sum(s.num_loss_tokens for b in batches for s in b) / sum(len(s.token_ids) for b in batches for s in b)
+    return {"all": timed_tokens / seconds["all"], "loss_tokens": timed_tokens / seconds["loss_tokens"],
+            "share": share, "vocab": vocab}
 
 
 def plain_loop(model_dir: Path, batches: list, micro: int, lr: float) -> float:
@@ -90,7 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-len", type=int, default=64)
     p.add_argument("--max-len", type=int, default=128)
     p.add_argument("--sync-reps", type=int, default=3)
+    p.add_argument("--logits-batches", type=int, default=4, help="steps per engine, the first a warm-up")
+    p.add_argument("--logits-threads", type=int, default=2)
     args = p.parse_args(argv)
+
+    logits = logits_speedup(args.logits_batches, args.logits_threads)
+    print(f"quickstart shapes (vocab {logits['vocab']}, loss on {logits['share']:.0%} of tokens): "
+          f"learner.logits=all {logits['all']:,.0f} tokens/s, loss_tokens {logits['loss_tokens']:,.0f} tokens/s")
 
     import ray
 
@@ -161,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     group.shutdown()
     ray.shutdown()
     print(json.dumps({
+        "loss_token_logits_speedup": round(logits["loss_tokens"] / logits["all"], 3),
+        "loss_tokens_tokens_per_s": round(logits["loss_tokens"], 1),
+        "all_logits_tokens_per_s": round(logits["all"], 1),
         "fsdp_vs_plain_loop": round(fsdp_tps / plain_tps, 3),
         "sync_vs_memcpy": round(sync / mem, 1),
         "fsdp_tokens_per_s": round(fsdp_tps, 1),

@@ -457,9 +457,15 @@ class LearnerConfig:
     ray_resources: dict[str, float] = field(default_factory=dict)
     """Custom Ray resources each learner worker asks for (e.g. {learner_node: 1}): places the
     learner on the nodes started with them; empty: anywhere."""
+    logits: str = "loss_tokens"
+    """Where a training forward pass runs the output layer: loss_tokens (only the positions that
+    predict a loss token; the rest of a conversation is context, and the vocabulary-sized
+    logits, their log-softmax and its gradient are skipped there) or all (every position).  Both
+    give the same losses and gradients (bench/learner_throughput.py measures the speed-up)."""
 
     def __post_init__(self) -> None:
         _check_ray_resources("learner.ray_resources", self.ray_resources)
+        _check_choice("learner.logits", self.logits, ("loss_tokens", "all"))
         _check_positive("learner.num_workers", self.num_workers)
         _check_positive("learner.num_cpus_per_worker", self.num_cpus_per_worker, allow_zero=True)
         if self.max_tokens_per_micro_batch is not None:

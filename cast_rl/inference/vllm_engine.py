@@ -63,6 +63,9 @@ class VLLMEngine:
             seed=seed,
             worker_extension_cls=_EXTENSION,
             disable_log_stats=True,
+            # the logprobs of the distribution a token was drawn from (temperature applied), the
+            # learner's frame for policy samples (algorithm.old_logprobs=rollout)
+            logprobs_mode="processed_logprobs",
         )
         self._engine = AsyncLLM.from_engine_args(args)
         self._ids = itertools.count()

@@ -14,8 +14,11 @@ A step (:meth:`LearnerEngine.train_step`) takes this rank's share of a global ba
 2. global counts (loss tokens and sequences, policy and supervised apart) are all-reduced, and
    verl's aggregation divides each micro-batch by them, so the data-parallel gradient equals the
    single-process one;
-3. forward, losses (verl policy loss, optional verl KL to a frozen reference, cross-entropy for
-   supervised samples), backward with gradient sync only on the last micro-batch;
+3. forward (with ``learner.logits=loss_tokens`` the output layer runs only where a token carries
+   loss: in a multi-turn conversation most positions are context, and their vocabulary-sized
+   logits would cost more than the decoder layers of a small model), losses (verl policy loss,
+   optional verl KL to a frozen reference, cross-entropy for supervised samples), backward with
+   gradient sync only on the last micro-batch;
 4. gradient clipping and one AdamW step; the policy version goes up by one.
 
 Embedding rows a model's ``config.json`` lists under ``frozen_token_ids`` (the identifier tokens
@@ -105,6 +108,11 @@ class LearnerEngine:
             self.model.parameters(), lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay
         )
         self._frozen = self._frozen_rows()
+        self.policy_temperature = cfg.inference.temperature or 1.0
+        """Policy samples are scored at the temperature they were sampled at (as verl's actor
+        divides its logits by the rollout temperature), so the policy gradient and the PPO ratio
+        are those of the distribution the rollout workers draw from; supervised samples at 1.
+        Greedy rollouts (temperature 0) are scored at 1."""
         self.actor_config = verl_actor_config(cfg.algorithm)
         from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
@@ -143,9 +151,33 @@ class LearnerEngine:
 
     # ------------------------------------------------------------------ training
 
-    def _forward_logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-        return token_logprobs(logits[:, :-1], mb.targets)
+    def _forward_logprobs(self, model: torch.nn.Module, mb: MicroBatch,
+                          where: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, L-1) log p(target) per position, policy rows at :attr:`policy_temperature`.  With
+        ``where`` ((B, L-1) bool), the output layer runs only on the hidden states of those
+        positions and every other entry is 0.
+
+        The selection is a forward pre-hook on the output embedding, so the model's own forward
+        (and FSDP's unsharding around it) runs unchanged; only the input of ``lm_head`` shrinks
+        from (B, L, H) to (N, H).
+        """
+        # 1 / temperature per row: policy samples at the sampling temperature, supervised at 1
+        inv = torch.where(mb.is_policy, 1.0 / self.policy_temperature, 1.0).to(self.device)
+        if where is None:
+            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+            return token_logprobs(logits[:, :-1] * inv[:, None, None], mb.targets)
+        head = model.get_output_embeddings()  # type: ignore[operator]
+
+        def select(_module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+            return (args[0][:, :-1][where], *args[1:])
+
+        handle = head.register_forward_pre_hook(select)
+        try:
+            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        finally:
+            handle.remove()
+        picked = token_logprobs(logits * inv[where.nonzero(as_tuple=True)[0], None], mb.targets[where])
+        return torch.zeros(where.shape, dtype=picked.dtype, device=picked.device).masked_scatter(where, picked)
 
     def _global_info(self, batches: list[MicroBatch], real_tokens: int) -> tuple[GlobalBatchInfo, int]:
         counts = torch.tensor([0, 0, 0, 0, real_tokens], dtype=torch.float64)
@@ -180,7 +212,9 @@ class LearnerEngine:
         weighted: dict[str, float] = {}
         for i, mb in enumerate(batches):
             self.model.set_requires_gradient_sync(i == len(batches) - 1)
-            logp = self._forward_logprobs(self.model, mb)
+            # every loss below reads logp only where loss_mask is set (policy and supervised)
+            where = mb.loss_mask > 0 if self.cfg.learner.logits == "loss_tokens" else None
+            logp = self._forward_logprobs(self.model, mb, where)
             loss = logp.sum() * 0.0  # keeps every rank's graph connected, even on empty micro-batches
             pmask = mb.policy_mask
             if info.policy_tokens:
@@ -194,7 +228,7 @@ class LearnerEngine:
                     weighted[k] = weighted.get(k, 0.0) + v * ntok
                 if self.ref_model is not None:
                     with torch.no_grad():
-                        ref = self._forward_logprobs(self.ref_model, mb)
+                        ref = self._forward_logprobs(self.ref_model, mb, where)
                     kl = kl_loss(logp, ref, pmask, algo.kl_penalty, algo.loss_agg_mode, info)
                     loss = loss + algo.kl_coef * kl
                     acc["kl"] += float(kl.detach())
@@ -269,7 +303,8 @@ class LearnerEngine:
     @torch.no_grad()
     def logprobs(self, samples: list[Sample]) -> list[list[float]]:
         """Per-token logprobs under the current weights, in each sample's own frame (entry t is
-        log p(token t); entry 0 is 0.0).  Collective when world_size > 1."""
+        log p(token t); entry 0 is 0.0), policy samples at :attr:`policy_temperature` as in
+        training.  Collective when world_size > 1."""
         self.model.eval()
         out: list[list[float]] = []
         for s in samples:

@@ -141,3 +141,57 @@ def test_frozen_identifier_rows_never_move_while_the_rest_trains(tmp_path: Path)
 
     saved = engine.save_hf(tmp_path / "saved")
     assert sorted(AutoModelForCausalLM.from_pretrained(saved).config.frozen_token_ids) == sorted(frozen)
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_loss_token_logits_give_the_same_step_as_all_logits(make_cfg, kl_coef: float) -> None:
+    """learner.logits=loss_tokens runs the output layer on loss positions only: same losses,
+    same gradient norm and same weights after the step as the full forward, for policy-gradient,
+    supervised and KL terms, across micro-batches of different padding."""
+    batch = make_batch(seed=3, supervised=3)
+    outs, states = [], []
+    for logits in ("all", "loss_tokens"):
+        engine = LearnerEngine(make_cfg(f"learner.logits={logits}", f"algorithm.kl_coef={kl_coef}",
+                                        "learner.lr=1e-2"))
+        outs.append([engine.train_step(batch), engine.train_step(batch)])
+        states.append(engine.full_state_dict())
+    for full, selected in zip(*outs):
+        for key in ("loss", "pg_loss", "supervised_loss", "kl", "grad_norm"):
+            assert selected[key] == pytest.approx(full[key], rel=1e-5, abs=1e-7), key
+    assert outs[0][1]["kl"] > 0 if kl_coef else outs[0][1]["kl"] == 0
+    assert _max_diff(states[0], states[1]) < 2e-5
+
+
+def test_loss_token_logprobs_are_exact_where_selected_and_zero_elsewhere(make_cfg) -> None:
+    from cast_rl.learner.batch import collate
+
+    engine = LearnerEngine(make_cfg())
+    mb = collate(make_batch(4, seed=4, supervised=1), engine.pad_id)
+    where = mb.loss_mask > 0
+    full = engine._forward_logprobs(engine.model, mb)
+    selected = engine._forward_logprobs(engine.model, mb, where)
+    assert where.any() and (~where).any()
+    assert torch.allclose(selected[where], full[where], atol=1e-5)
+    assert (selected[~where] == 0).all()
+
+
+@pytest.mark.parametrize("logits", ["all", "loss_tokens"])
+def test_policy_samples_are_scored_at_the_sampling_temperature(make_cfg, logits: str) -> None:
+    """inference.temperature=0.5: a policy sample's log-probs are log_softmax(logits / 0.5) (the
+    distribution the rollout drew it from), a supervised sample's log_softmax(logits)."""
+    from cast_rl.learner.batch import collate
+
+    engine = LearnerEngine(make_cfg("inference.temperature=0.5", f"learner.logits={logits}"))
+    batch = make_batch(2, seed=6, supervised=1)  # one policy sample, one supervised
+    mb = collate(batch, engine.pad_id)
+    where = mb.loss_mask > 0 if logits == "loss_tokens" else None
+    got = engine._forward_logprobs(engine.model, mb, where)
+    with torch.no_grad():
+        raw = engine.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()
+    for row, temperature in ((0, 0.5), (1, 1.0)):
+        assert bool(mb.is_policy[row]) == (temperature == 0.5)
+        expected = torch.log_softmax(raw[row] / temperature, -1).gather(-1, mb.targets[row, :, None]).squeeze(-1)
+        mask = mb.loss_mask[row] > 0
+        assert torch.allclose(got[row][mask], expected[mask], atol=1e-5)
+    greedy = LearnerEngine(make_cfg("inference.temperature=0.0"))
+    assert greedy.policy_temperature == 1.0
