@@ -159,15 +159,20 @@ def batch_metrics(batch: list[Sample], learner_version: int) -> dict[str, float]
     return out
 
 
-def collection_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+def collection_metrics(collections: list[list[Trajectory]]) -> dict[str, float]:
+    """What the collections behind one optimizer step cost and held: counts summed over all of
+    them (a sync step collects again while dynamic sampling leaves it short of a batch), means
+    over their episodes, and zero-variance groups counted within each collection."""
+    trajs = [t for c in collections for t in c]
     if not trajs:
         return {}
-    zero, groups = zero_variance_groups(trajs)
+    zero, groups = (sum(x) for x in zip(*(zero_variance_groups(c) for c in collections if c)))
     roots = [t for t in trajs if "point" not in t.info.get("tree", {})]
     return {
         "train/reward_mean": statistics.fmean(t.reward for t in trajs),
         "train/episodes": float(len(trajs)),
-        # environment steps the collection cost (a tree continuation counts only what follows
+        "train/collections": float(sum(1 for c in collections if c)),
+        # environment steps the collections cost (a tree continuation counts only what follows
         # its branch point): the x axis for comparing tree and plain collection
         "train/env_steps": float(sum(_env_steps(t) for t in trajs)),
         "train/root_reward_mean": statistics.fmean(t.reward for t in roots) if roots else 0.0,
@@ -204,7 +209,7 @@ class TrainLoop:
             cfg, algorithm=dataclasses.replace(algo, filter_zero_variance_groups=False))
         self.history: list[dict[str, float]] = []
         self._lock = threading.Lock()  # cursor and round counter, shared with the producer thread
-        self._last_collection: dict[str, float] = {}
+        self._collections: list[list[Trajectory]] = []  # since the last finished step
 
     # ------------------------------------------------------------------ named steps
 
@@ -221,7 +226,8 @@ class TrainLoop:
             trajs = self.collector.collect(units)
         samples = build_samples(trajs, self._sample_cfg, round_id)
         added = self.buffer.add(samples, trajs)  # the log refers to the trajectories' tokens
-        self._last_collection = collection_metrics(trajs)
+        with self._lock:
+            self._collections.append(trajs)
         return trajs, added.accepted
 
     def update(self, size: int | None = None) -> dict[str, float]:
@@ -279,7 +285,9 @@ class TrainLoop:
 
     def _finish_step(self, out: dict[str, float], t0: float) -> None:
         self.state.step += 1
-        out.update(self._last_collection)
+        with self._lock:
+            collections, self._collections = self._collections, []
+        out.update(collection_metrics(collections))
         out.update({f"train/replay_{k}": float(v) for k, v in self.buffer.snapshot().items()})
         out["train/step_s"] = time.perf_counter() - t0
         self.history.append(out)

@@ -90,3 +90,57 @@ def test_async_wait_policy_throttles_instead_of_dropping(make_cfg) -> None:
     history = loop.run()
     assert max(h["train/staleness_max"] for h in history) <= 1
     assert loop.buffer.snapshot()["dropped_stale"] == 0
+
+
+class _ScriptedCollector:
+    """Returns prepared collections in order (task outcomes chosen by the test)."""
+
+    def __init__(self, collections: list[list]) -> None:
+        self.collections = list(collections)
+
+    def collect(self, units: list) -> list:
+        return self.collections.pop(0)
+
+    def update_weights(self, version: int, weights: object, checksum: str) -> int:
+        return version
+
+
+class _CountingLearner:
+    """Takes steps without a model: records the batches it was given."""
+
+    version = 0
+
+    def __init__(self) -> None:
+        self.batches: list[list] = []
+
+    def train_step(self, samples: list) -> dict[str, float]:
+        self.batches.append(samples)
+        self.version += 1
+        return {"loss": 0.0}
+
+    def publish_weights(self) -> tuple[int, object, str]:
+        return self.version, {}, ""
+
+
+def test_a_step_that_collects_twice_reports_both_collections(tmp_path: Path) -> None:
+    """Dynamic sampling drops the first collection (one task, equal outcomes) and the loop
+    collects again: the step's env steps, episodes and zero-variance share count both."""
+    from test_learner_critique_samples import _traj
+
+    from cast_rl.config import load_config
+
+    cfg = load_config(None, [f"run_dir={tmp_path}", "learner.num_workers=1", "learner.micro_batch_size=2",
+                             "learner.global_batch_size=2", "rollout.trials_per_task=2",
+                             "learner.checkpoint_every=null", "logging.mode=disabled"])
+    first = [_traj(0, 0, 1.0), _traj(0, 1, 1.0)]  # no signal: dropped
+    second = [_traj(1, 0, 1.0), _traj(1, 1, 0.0)]
+    learner = _CountingLearner()
+    buffer = ReplayBuffer(cfg.replay, tmp_path / "replay" / "log.jsonl", 2)
+    loop = TrainLoop(cfg, _ScriptedCollector([first, second]), learner, buffer, tasks=[0, 1], split="test")
+    (out,) = loop.run(1)
+    assert len(learner.batches) == 1 and {s.reward for s in learner.batches[0]} == {0.0, 1.0}
+    per_episode = 3  # each _traj ran 3 actions (the plain turns)
+    assert out["train/collections"] == 2 and out["train/episodes"] == 4
+    assert out["train/env_steps"] == 4 * per_episode
+    assert out["rollout/zero_variance_group_frac"] == 0.5
+    assert out["train/reward_mean"] == 0.75
