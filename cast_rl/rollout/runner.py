@@ -438,9 +438,16 @@ class EpisodeRunner:
         """The engine's next turn.  A scripted teacher (``writes_real_ids``) reads the prompt
         with real identifiers, and its turn is written as the policy would write it (aliases)."""
         conv, engine = state.conv, state.engine
+        sampling = state.sampling
+        if sampling.seed is not None:
+            # a seed per turn, from the episode's and the conversation's length: a revision after
+            # a critique draws anew, and one turn of one episode draws the same numbers in every
+            # configuration and rerun (configurations compare on common random numbers)
+            sampling = replace(sampling, seed=zlib.crc32(repr((sampling.seed, len(conv.messages))).encode())
+                               & 0x7FFFFFFF)
         if conv.aliases is None or not getattr(engine, "writes_real_ids", False):
-            return await engine.generate(conv.token_ids, state.sampling)
-        completion = await engine.generate(conv.env_prompt_ids(), state.sampling)
+            return await engine.generate(conv.token_ids, sampling)
+        completion = await engine.generate(conv.env_prompt_ids(), sampling)
         tok = conv.tokenizer
         text = conv.policy_text(completion.text)
         ids = [*tok(text, add_special_tokens=False).input_ids, tok.convert_tokens_to_ids(tok.eos_token)]
