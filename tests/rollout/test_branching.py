@@ -134,3 +134,33 @@ def _final_hash(runner: EpisodeRunner, traj: Trajectory) -> str:
     last = max(i for i, m in enumerate(traj.messages) if m["role"] == "assistant")
     state = asyncio.run(runner.replay(traj, last))
     return state.episode.env.state_hash()
+
+
+def test_each_turn_samples_with_a_seed_of_its_own_that_reruns_repeat(setup) -> None:  # noqa: ANN001
+    """Per-turn seeds (episode seed x conversation length): every policy call of an episode,
+    the revision after a critique included, gets its own seed; a rerun of the episode gets the
+    same ones; another trial gets others."""
+    cfg, data, tok = setup
+
+    class Recording(NoisyExpertEngine):
+        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+            super().__init__(*args, **kwargs)
+            self.seeds: list[int | None] = []
+
+        async def generate(self, prompt_ids, sampling):  # noqa: ANN001, ANN202
+            self.seeds.append(sampling.seed)
+            return await super().generate(prompt_ids, sampling)
+
+    def seeds(spec: EpisodeSpec) -> tuple[list[int | None], Trajectory]:
+        critic_cfg = dataclasses.replace(cfg, critic=dataclasses.replace(cfg.critic, verification_budget=1))
+        engine = Recording(tok, data.task("train", spec.task_index), data.spec.write_tools, "wrong_argument")
+        runner = EpisodeRunner(critic_cfg, data, engine, RuleVerifier({"retail": data.tools}))
+        traj = asyncio.run(runner.run(spec))
+        return engine.seeds, traj
+
+    first, traj = seeds(SPEC)
+    assert traj.verification_rounds, "the wrong cancel was not critiqued"
+    assert None not in first and len(set(first)) == len(first)  # the revision's seed is new too
+    assert seeds(SPEC)[0] == first
+    other = seeds(dataclasses.replace(SPEC, trial=1))[0]
+    assert not set(other) & set(first)
