@@ -22,7 +22,8 @@ same library calls as the pipeline's stages:
 
 The held-out false-positive rate counts a wrong ``invalid`` on a valid action; an unparsable answer
 is neither, so a critic whose answers are all unparsable scores 0 and the FPR says nothing (the
-tiny critic after 8 steps is such a critic).  What the filter changes for certain is the training
+quickstart's tiny critic after its 8 steps is such a critic; with ``--critic-steps 90
+--critic-lr 3e-3`` it answers in its format).  What the filter changes for certain is the training
 data, so that is measured too: the invalid training labels whose action is the gold plan's own
 next step (:func:`cast_rl.critique.blame.privileged_correction` returns the action itself: the
 gold plan calls it valid), i.e. the label precision against the gold plan, before and after the
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--blame-k", type=int, default=1)
     parser.add_argument("--critic-steps", type=int, default=None, help="default: the quickstart's")
+    parser.add_argument("--critic-lr", type=float, default=None, help="default: the quickstart's")
     parser.add_argument("--out", default=None, help="work directory (default: a temporary one)")
     args = parser.parse_args(argv)
     for path in (args.policy, args.critic):
@@ -84,6 +86,7 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "env.split=train", "env.task_indices=[]", "logging.mode=disabled",
         f"pipeline.blame_k={args.blame_k}",
         *([f"pipeline.critic_train_steps={args.critic_steps}"] if args.critic_steps else []),
+        *([f"pipeline.critic_lr={args.critic_lr}"] if args.critic_lr else []),
     ])
     from cast_rl.envs.setup import load_env_data
 
