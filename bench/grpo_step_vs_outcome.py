@@ -57,7 +57,6 @@ per method, a thin line per seed).  The last line of stdout is one JSON object:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -162,15 +161,15 @@ def run_one(cfg: Any, method: str, seed: int, checkpoints: list[int], max_steps:
     from actors.rollout_group import RolloutGroup
     from cast_rl.envs.setup import load_env_data
     from cast_rl.learner.loop import TrainLoop
+    from cast_rl.pipeline.context import train_split_config
     from launchers.train import _shutdown
 
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    pipe = cfg.pipeline
     data = load_env_data(cfg)
-    n_train = len(data.tasks(pipe.train_split))
-    tasks = list(range(n_train if pipe.train_tasks is None else min(pipe.train_tasks, n_train)))
-    train_cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, split=pipe.train_split, task_indices=tasks))
+    train_cfg = train_split_config(cfg, data)  # the pipeline's training tasks, as its stages use
+    split = train_cfg.env.split
+    tasks = list(train_cfg.env.task_indices or range(len(data.tasks(split))))
     started: list[Any] = []
     history_path = run_dir / "history.jsonl"
     history_path.write_text("")
@@ -183,7 +182,7 @@ def run_one(cfg: Any, method: str, seed: int, checkpoints: list[int], max_steps:
         buffer = ReplayBufferClient(cfg.replay, run_dir / "replay" / "log.jsonl", cfg.learner.global_batch_size,
                                     max_restarts=cfg.learner.max_restarts)
         started.append(buffer)
-        loop = TrainLoop(train_cfg, group, learner, buffer, tasks, split=pipe.train_split)
+        loop = TrainLoop(train_cfg, group, learner, buffer, tasks, split=split)
         per_step: list[int] = []
 
         def spent(key: str = "train/env_steps") -> int:

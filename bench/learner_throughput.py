@@ -20,7 +20,7 @@ Measured on the same randomly generated batches (a small offline Qwen3 built on 
   embedded default's shapes: the quickstart's policy (``configs/quickstart.yaml``: 0.8M
   parameters, its tokenizer trained on the generated retail data, vocabulary ~4.1k), 16
   conversations of ~1.6k tokens per step of which ~16% are the policy's turns (the loss), in
-  micro-batches of 8, ``--logits-threads`` torch threads.  Steps alternate between the two
+  the quickstart's micro-batches, ``--logits-threads`` torch threads.  Steps alternate between the two
   engines (same batches, same order), and the first step of each is a warm-up.
 
 The last line of stdout is one JSON object with the numbers.

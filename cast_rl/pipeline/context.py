@@ -31,6 +31,15 @@ from cast_rl.records import Trajectory
 logger = logging.getLogger(__name__)
 
 
+def train_split_config(cfg: CastConfig, data: DomainData) -> CastConfig:
+    """``cfg`` on the pipeline's training tasks: split ``pipeline.train_split``, its first
+    ``pipeline.train_tasks`` tasks (``env.task_indices`` empty, i.e. all of them, when None)."""
+    pipe = cfg.pipeline
+    n = len(data.tasks(pipe.train_split))
+    indices = [] if pipe.train_tasks is None else list(range(min(pipe.train_tasks, n)))
+    return dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, split=pipe.train_split, task_indices=indices))
+
+
 class Collector(Protocol):
     """What the stages need of a rollout group (``actors.rollout_group.RolloutGroup``)."""
 
@@ -179,11 +188,7 @@ class PipelineContext:
 
     def train_cfg(self) -> CastConfig:
         """The config of the training stages: the pipeline's train split."""
-        cfg = self.with_policy()
-        pipe = self.cfg.pipeline
-        n = len(self.data.tasks(pipe.train_split))
-        indices = [] if pipe.train_tasks is None else list(range(min(pipe.train_tasks, n)))
-        return dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, split=pipe.train_split, task_indices=indices))
+        return train_split_config(self.with_policy(), self.data)
 
     def rollout_group(self) -> Collector:
         """The shared rollout group, started on first use with the current policy, consulting
