@@ -4,21 +4,49 @@ Layers merge in order: the dataclass defaults, the YAML file (which may name a `
 of its own, resolved relative to it), then command-line overrides such as ``learner.lr=1e-6``.
 Every problem becomes a one-line :class:`ConfigError` naming the key, the value and what is
 allowed, raised before anything starts.
+
+YAML files and overrides are read with YAML 1.2's booleans (``true``/``false`` only): YAML 1.1
+also reads ``no``, ``off``, ``yes`` and ``on`` as booleans, which would turn the choices
+``learner.mixed_precision=no`` or ``pipeline.critic_data_blame=off`` into the string ``'False'``.
+Boolean keys still take ``yes``/``no``/``on``/``off`` (OmegaConf converts those strings).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
+import re
 import typing
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf._utils import get_yaml_loader
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from cast_rl.config.schema import CastConfig
 
 BASE_KEY = "base"
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+
+
+@functools.cache
+def _yaml_loader() -> type:
+    """OmegaConf's YAML loader with YAML 1.2's booleans: only true/false, any capitalisation."""
+    base = get_yaml_loader()
+
+    class Loader(base):  # type: ignore[misc, valid-type]
+        pass
+
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL_TAG]
+        for first, resolvers in base.yaml_implicit_resolvers.items()
+    }
+    Loader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                 list("tTfF"))
+    return Loader
 
 
 class ConfigError(ValueError):
@@ -52,6 +80,12 @@ def to_dict(cfg: CastConfig) -> dict[str, Any]:
 
 
 def _schema() -> DictConfig:
+    return copy.deepcopy(_schema_template())
+
+
+@functools.cache
+def _schema_template() -> DictConfig:
+    """The defaults as a writable OmegaConf tree, built once (a deep copy is ~4x cheaper)."""
     schema = OmegaConf.structured(CastConfig)
     _writable(schema)
     return schema
@@ -73,7 +107,7 @@ def _yaml_layers(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[Path, Di
     if path in seen:
         raise ConfigError(f"config error: {BASE_KEY}: chain loops back to {path}")
     try:
-        layer = OmegaConf.load(path)
+        layer = OmegaConf.create(yaml.load(path.read_text(), Loader=_yaml_loader()))
     except Exception as exc:  # yaml.YAMLError and friends: report file and reason
         raise ConfigError(f"config error: {path} is not valid YAML: {exc}".replace("\n", " ")) from None
     if not isinstance(layer, DictConfig):
@@ -92,7 +126,16 @@ def _dotlist(overrides: list[str]) -> DictConfig:
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"config error: override {item!r} must look like key=value, e.g. learner.lr=1e-6")
-    return OmegaConf.from_dotlist(overrides)
+    layer = OmegaConf.create()
+    for item in overrides:
+        key, _, value = item.partition("=")
+        try:
+            parsed = yaml.load(value, Loader=_yaml_loader())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config error: override {item!r}: {value!r} is not a YAML value: "
+                              f"{exc}".replace("\n", " ")) from None
+        OmegaConf.update(layer, key, parsed)
+    return layer
 
 
 def _merge(merged: DictConfig, layer: DictConfig, source: str) -> DictConfig:
