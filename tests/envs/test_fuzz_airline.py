@@ -23,7 +23,6 @@ import copy
 import importlib.util
 import json
 import random
-import subprocess
 import sys
 import types
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import upstream_sources
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -40,7 +40,6 @@ from cast_rl.envs.domain import tool_name
 from cast_rl.envs.domains.airline import SPEC
 from cast_rl.envs.types import RESPOND, Action
 
-MIRROR = Path("/work/.mirror/sierra-research+tau-bench/repo")
 SOURCE_PATHS = ("tau_bench/envs/airline", "tau_bench/envs/tool.py")
 SOURCE_PACKAGE = "tau_bench.envs.airline.tools"
 TABLES = ("flights", "reservations", "users")
@@ -144,16 +143,8 @@ def _scalars(value: Any) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Source:
-    if not (MIRROR / "HEAD").exists():
-        pytest.skip(f"tau-bench mirror not found at {MIRROR}")
     dest = tmp_path_factory.mktemp("tau_bench_src")
-    archive = subprocess.run(
-        ["git", "-C", str(MIRROR), "archive", "HEAD", *SOURCE_PATHS],
-        check=True,
-        capture_output=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    return Source(dest)
+    return Source(upstream_sources.require(upstream_sources.TAU_BENCH_ENV, SOURCE_PATHS, dest))
 
 
 @pytest.fixture(scope="module")

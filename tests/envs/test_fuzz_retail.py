@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import io
 import json
 import random
-import subprocess
 import sys
-import tarfile
 import types
 from pathlib import Path
 from typing import Any
 
 import pytest
+import upstream_sources
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -43,7 +41,6 @@ from cast_rl.envs.core import DomainData, ToolEnv, call_tool, load_domain_data
 from cast_rl.envs.db import source_hash, to_hashable
 from cast_rl.envs.types import Action
 
-MIRROR = Path("/work/.mirror/sierra-research+tau-bench/repo")
 TOOLS_PACKAGE = "tau_bench.envs.retail.tools"
 TABLES = ("orders", "products", "users")
 PERTURBED_PER_TASK = 10
@@ -126,25 +123,8 @@ def _scalars(value: Any) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Source:
-    if not (MIRROR / "HEAD").exists() and not (MIRROR / ".git").exists():
-        pytest.skip(f"tau-bench mirror not found at {MIRROR}")
-    archive = subprocess.run(
-        [
-            "git",
-            "-C",
-            str(MIRROR),
-            "archive",
-            "HEAD",
-            "tau_bench/envs/retail",
-            "tau_bench/envs/tool.py",
-        ],
-        check=True,
-        capture_output=True,
-    ).stdout
-    root = tmp_path_factory.mktemp("tau_bench_source")
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(root, filter="data")
-    return Source(root)
+    dest = tmp_path_factory.mktemp("tau_bench_source")
+    return Source(upstream_sources.require(upstream_sources.TAU_BENCH_ENV, ("tau_bench/envs/retail", "tau_bench/envs/tool.py"), dest))
 
 
 @pytest.fixture(scope="module")

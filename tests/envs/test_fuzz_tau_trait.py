@@ -34,7 +34,6 @@ import importlib
 import inspect
 import json
 import random
-import subprocess
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import upstream_sources
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -54,7 +54,6 @@ from cast_rl.envs.domains import telecom, telehealth
 from cast_rl.envs.types import Action
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-MIRROR = Path("/work/.mirror/collinear-ai+tau-trait/repo")
 FIXED_NOW = datetime.datetime(2025, 6, 10, 9, 30, 0)
 SPLITS = ("train", "dev", "test")
 PERTURBED_PER_TASK = {"telecom": 40, "telehealth": 25}
@@ -161,22 +160,18 @@ class Source:
 
 @pytest.fixture(scope="module")
 def optional_sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Source]:
-    """Both source domains, extracted from the mirror; empty when the mirror is absent."""
-    if not (MIRROR / "HEAD").exists():
-        return {}
-    dest = tmp_path_factory.mktemp("tau_trait_src")
+    """Both source domains, extracted from the upstream tree; empty when it is not given."""
     paths = ("tau_trait/envs/tool.py", "tau_trait/envs/telecom", "tau_trait/envs/telehealth")
-    archive = subprocess.run(
-        ["git", "-C", str(MIRROR), "archive", "HEAD", *paths], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    dest = upstream_sources.extract(upstream_sources.TAU_TRAIT_ENV, paths, tmp_path_factory.mktemp("tau_trait_src"))
+    if dest is None:
+        return {}
     return {domain: Source(dest, domain) for domain in CASES}
 
 
 @pytest.fixture(scope="module")
 def sources(optional_sources: dict[str, Source]) -> dict[str, Source]:
     if not optional_sources:
-        pytest.skip(f"tau-trait mirror not found at {MIRROR}")
+        pytest.skip(upstream_sources.skip_reason(upstream_sources.TAU_TRAIT_ENV))
     return optional_sources
 
 
