@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import logging
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,17 @@ def is_cpu_platform() -> bool:
         return True
 
 
+def _shut_down(engine: Any) -> None:
+    """Shuts an ``AsyncLLM`` down, once.  vLLM's ``AsyncLLM.__del__`` calls ``shutdown()`` again
+    whenever the object is collected; at interpreter exit module globals are already None there
+    and it prints a ``TypeError`` traceback, so the instance's ``shutdown`` becomes a no-op."""
+    engine.shutdown()
+    engine.shutdown = lambda timeout=None: None
+
+
 class VLLMEngine:
-    """An async vLLM engine serving one Hugging Face model directory."""
+    """An async vLLM engine serving one Hugging Face model directory.  Its engine shuts down
+    on :meth:`close`, when this object is collected, or at interpreter exit, whichever is first."""
 
     def __init__(self, model_path: str | Path, cfg: InferenceConfig, seed: int = 0, dtype: str | None = None) -> None:
         if is_cpu_platform():
@@ -75,6 +85,7 @@ class VLLMEngine:
             **cpu_args,
         )
         self._engine = AsyncLLM.from_engine_args(args)
+        self._shutdown = weakref.finalize(self, _shut_down, self._engine)
         self._ids = itertools.count()
         self.generated_tokens = 0
 
@@ -176,4 +187,4 @@ class VLLMEngine:
         return checksum
 
     async def close(self) -> None:
-        self._engine.shutdown()
+        self._shutdown()
