@@ -9,12 +9,12 @@ import io
 import itertools
 import json
 import math
-import os
-import subprocess
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import upstream_sources
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,11 +26,6 @@ from cast_rl.eval.passk import (
     passk,
     passk_by_group,
     read_results,
-)
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TAU_BENCH_GIT = Path(
-    os.environ.get("TAU_BENCH_GIT_DIR", REPO_ROOT.parent / ".mirror" / "sierra-research+tau-bench" / "repo")
 )
 
 # Rewards around the success boundary: 1 - 1e-6 and 1 + 1e-6 pass, 1 - 2e-6 does not.
@@ -98,12 +93,9 @@ def test_formula_agrees_with_brute_force(tables: dict[int, list[float]]) -> None
 @functools.cache
 def _tau_bench_display_metrics():  # noqa: ANN202
     """tau-bench's own display_metrics, read from its git history (skips when absent)."""
-    if not (TAU_BENCH_GIT / "HEAD").exists() and not (TAU_BENCH_GIT / ".git").exists():
-        pytest.skip(f"tau-bench sources not found at {TAU_BENCH_GIT} (set TAU_BENCH_GIT_DIR)")
-    source = subprocess.run(
-        ["git", "-C", str(TAU_BENCH_GIT), "show", "HEAD:tau_bench/run.py"],
-        capture_output=True, text=True, check=True,
-    ).stdout
+    with tempfile.TemporaryDirectory() as tmp:
+        root = upstream_sources.require(upstream_sources.TAU_BENCH_ENV, ("tau_bench/run.py",), Path(tmp))
+        source = (root / "tau_bench" / "run.py").read_text()
     (node,) = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "display_metrics"]
     namespace = {"comb": math.comb, "List": list, "EnvRunResult": object}
     exec(compile(ast.Module(body=[node], type_ignores=[]), "tau_bench/run.py", "exec"), namespace)

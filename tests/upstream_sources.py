@@ -27,7 +27,7 @@ def upstream_root(env_var: str) -> Path | None:
 def skip_reason(env_var: str) -> str:
     root = upstream_root(env_var)
     if root is None:
-        return f"set {env_var} to a clone of the upstream repository to run the differential fuzz"
+        return f"set {env_var} to a clone of the upstream repository to run the tests that compare with its source"
     return f"{env_var}={root} is not a directory"
 
 
