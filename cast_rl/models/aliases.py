@@ -17,8 +17,13 @@ Only what the policy model reads and writes changes:
   policy saw and wrote;
 * the table is a function of the messages (first appearance, in message order), so every
   rendering of a conversation's prefix agrees with the longer one and nothing needs storing;
-* an alias the conversation never introduced (``[order_5]`` when one order was named) stays as
-  it is written: the tool answers "not found", as it does for a fabricated id.
+* aliases name only identifiers the conversation has shown (in a system, user or tool message):
+  an identifier that first appears in an assistant turn (a scripted teacher that knows the gold
+  plan names an order the user never gave) stays real in that turn, so it reaches the tool as
+  written, and the alias it gets once a tool shows it is never one that has to be mapped back;
+* an alias the table cannot map back (``[order_5]`` when one order was named) never reaches a
+  tool or the user: the turn becomes an error observation, like a malformed call
+  (:meth:`EntityAliases.unmapped`).
 """
 
 from __future__ import annotations
@@ -70,35 +75,49 @@ class EntityAliases:
         self._alias = re.compile(r"\[(" + "|".join(map(re.escape, self.labels)) + r")_\d+\]")
 
     def _sub(self, table: AliasTable, text: str) -> str:
+        """``text`` with every identifier aliased, naming those it shows first."""
         return self._find.sub(lambda m: table.name(m.lastgroup or "", m.group(0)), text)
+
+    def _known(self, table: AliasTable, text: str) -> str:
+        """``text`` with the identifiers the table names aliased; the others stay as they are."""
+        return self._find.sub(lambda m: table.to_alias.get(m.group(0), m.group(0)), text)
 
     def apply(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], AliasTable]:
         """The messages as the policy sees them, and the table they define.
 
         Within a message, its content comes before its tool calls' arguments, as chat templates
-        write them.
+        write them.  Assistant turns introduce no aliases (see the module docstring).
         """
         table = AliasTable()
         out = []
         for message in messages:
             shown = dict(message)
+            sub = self._known if shown.get("role") == "assistant" else self._sub
             if isinstance(shown.get("content"), str):
-                shown["content"] = self._sub(table, shown["content"])
+                shown["content"] = sub(table, shown["content"])
             if shown.get("tool_calls"):
-                shown["tool_calls"] = [self._call(table, call) for call in shown["tool_calls"]]
+                shown["tool_calls"] = [self._call(sub, table, call) for call in shown["tool_calls"]]
             out.append(shown)
         return out, table
 
-    def _call(self, table: AliasTable, call: dict[str, Any]) -> dict[str, Any]:
+    @staticmethod
+    def _call(sub: Any, table: AliasTable, call: dict[str, Any]) -> dict[str, Any]:
         function = dict(call.get("function", {}))
         if isinstance(function.get("arguments"), str):
-            function["arguments"] = self._sub(table, function["arguments"])
+            function["arguments"] = sub(table, function["arguments"])
         return {**call, "function": function}
 
     def to_policy(self, table: AliasTable, text: str) -> str:
-        """``text`` (real identifiers) as the policy would write it after ``table``'s prefix."""
-        return self._sub(table, text)
+        """``text`` (real identifiers) as the policy would write it after ``table``'s prefix:
+        identifiers the prefix has shown become their aliases, any other stays real."""
+        return self._known(table, text)
 
     def to_real(self, table: AliasTable, text: str) -> str:
         """The policy's ``text`` with every alias the table knows replaced by its identifier."""
         return self._alias.sub(lambda m: table.to_real.get(m.group(0), m.group(0)), text)
+
+    def unmapped(self, table: AliasTable, text: str) -> list[str]:
+        """The aliases in the policy's ``text`` that the table cannot map back, in order of first
+        appearance: they name nothing, and must reach neither a tool nor the user."""
+        found = (m.group(0) for m in self._alias.finditer(text))
+        return list(dict.fromkeys(a for a in found if a not in table.to_real))

@@ -19,8 +19,9 @@ says whether that held (it is reported as a rollout metric, never silently assum
 
 With ``aliases`` (:mod:`cast_rl.models.aliases`) the conversation is rendered as the policy sees
 it, identifiers replaced by per-conversation aliases, while ``messages`` keep the real ones: the
-policy's turns are mapped back before they are parsed, and :meth:`policy_text` /
-:meth:`env_prompt_ids` serve engines that write real identifiers (the scripted teachers).
+policy's turns are mapped back before they are parsed (a turn with an alias the table cannot map
+back parses as malformed, so it runs nothing), and :meth:`policy_text` / :meth:`env_prompt_ids`
+serve engines that write real identifiers (the scripted teachers).
 """
 
 from __future__ import annotations
@@ -157,9 +158,14 @@ class ConversationTokens:
             self._text += eos
         else:
             text = text[: -len(eos)]
+        unmapped: list[str] = []
         if self.aliases is not None:  # the policy wrote aliases: the message holds what they name
-            text = self.aliases.to_real(self.aliases.apply(self.messages)[1], text)
+            table = self.aliases.apply(self.messages)[1]
+            unmapped = self.aliases.unmapped(table, text)
+            text = self.aliases.to_real(table, text)
         parsed = parse_assistant(text)
+        if unmapped:  # an alias that names nothing: an error observation, never a tool argument
+            parsed = ParsedTurn(content=text, errors=[unmapped_alias_error(unmapped)])
         message = assistant_message(parsed, raw_text=text, turn=len(self.messages))
         self.messages.append(message)
         self._newline_pending = True
@@ -190,6 +196,12 @@ class ConversationTokens:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+
+def unmapped_alias_error(aliases: list[str]) -> str:
+    """Why a turn that writes aliases its conversation never introduced cannot run."""
+    return (f"{', '.join(aliases)} {'is not an alias' if len(aliases) == 1 else 'are not aliases'} "
+            "of this conversation; name only identifiers it has shown")
 
 
 def assistant_message(parsed: ParsedTurn, raw_text: str, turn: int) -> dict[str, Any]:
