@@ -112,10 +112,11 @@ class ModelConfig:
     """Parameter dtype: float32, bfloat16 or float16."""
     entity_aliases: dict[str, str] = field(default_factory=dict)
     """Policy only: label -> regular expression.  Every identifier matching a pattern is shown to
-    the policy as ``[<label>_<n>]``, numbered by first appearance in the conversation, and mapped
-    back in what it writes (delexicalisation for a policy too small to copy identifiers; see
-    cast_rl.models.aliases).  Messages, environment, critic and labeller keep the real ids; a
-    tiny model built here holds the aliases as single tokens.  Empty: off."""
+    the policy as ``[<label>_<n>]``, numbered by first appearance in a system, user or tool
+    message, and mapped back in what it writes (delexicalisation for a policy too small to copy
+    identifiers; see cast_rl.models.aliases); a turn with an alias the conversation never
+    introduced is an error observation.  Messages, environment, critic and labeller keep the real
+    ids; a tiny model built here holds the aliases as single tokens.  Empty: off."""
 
     def __post_init__(self) -> None:
         _check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
