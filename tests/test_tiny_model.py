@@ -109,7 +109,8 @@ def test_tiny_model_generates_through_vllm(vllm_llm, tiny_model_dir: Path) -> No
     (out,) = vllm_llm.generate([prompt], params, use_tqdm=False)
     completion = out.outputs[0]
     assert len(completion.token_ids) == 12
-    assert completion.text == tok.decode(completion.token_ids, skip_special_tokens=True)
+    # vLLM holds back a trailing incomplete UTF-8 sequence, which a one-shot decode shows as U+FFFD
+    assert completion.text == tok.decode(completion.token_ids, skip_special_tokens=True).rstrip("\ufffd")
     assert tok.decode(tok("<tool_call>x</tool_call>").input_ids, skip_special_tokens=True) == (
         "<tool_call>x</tool_call>"
     )
