@@ -66,6 +66,36 @@ def test_quickstart_gets_more_reliable(quickstart: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(2400)
+def test_quickstart_report_has_the_figures_the_readme_shows(quickstart: dict) -> None:
+    """What the README's quickstart table and text are read from: before/after x no critic /
+    critic B=1 on >= 20 held-out tasks x 4 trials with pass^1..pass^4 and their intervals, the
+    paired differences, the held-out critics' metrics (the rule critic exact), and the viewer."""
+    from cast_rl.eval.critic_heldout import HELDOUT_METRICS
+
+    report, result = quickstart["report"], quickstart["result"]
+    configs = {(c["stage"], c["verification_budget"]) for c in report["configurations"]}
+    assert {("before", 0), ("before", 1), ("after", 0), ("after", 1)} <= configs
+    for config in report["configurations"]:
+        (group,) = config["groups"].values()
+        assert group["tasks"] >= 20 and group["n"] == 4, config["name"]
+        assert list(group["pass^k"]) == [f"pass^{k}" for k in range(1, 5)]
+        for k, (low, high) in group["pass^k_ci"].items():
+            assert low <= group["pass^k"][k] <= high, (config["name"], k)
+        values = list(group["pass^k"].values())
+        assert all(a >= b for a, b in zip(values, values[1:]))  # pass^k never rises with k
+    heldout = report["critic_heldout"]["critics"]
+    for critic in ("rule", "trained"):
+        assert set(HELDOUT_METRICS) <= set(heldout[critic]), critic
+    assert heldout["rule"]["recall"] == 1.0 and heldout["rule"]["false_positive_rate"] == 0.0
+    summary = Path(result["summary"]).read_text()
+    assert "## Paired differences" in summary and "pass^4" in summary
+    assert result["viewer"] and Path(result["viewer"]).is_file()
+    assert result["plots"] and all(Path(p).is_file() for p in result["plots"])
+
+
+@pytest.mark.slow
 def test_optimise_collects_with_the_critic_and_credits_its_verdicts(
     ray_local, tiny_model_dir: Path, retail_data_dir: Path, tmp_path: Path  # noqa: ANN001
 ) -> None:

