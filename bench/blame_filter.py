@@ -4,12 +4,17 @@ Run (from the repo root, after ``make quickstart`` has warm-started the embedded
 
     .venv/bin/python bench/blame_filter.py [--policy runs/quickstart/00_warmstart/model] [--tasks 16]
 
+    # smoke test without `make quickstart` (tests/bench): the JSON keys, not the figures
+    .venv/bin/python bench/blame_filter.py --without-quickstart --tasks 12 --trials 1 --critic-steps 1
+
 The embedded default (``configs/quickstart.yaml``: generated compact retail cancel tasks, the
 3M policy warm-started on the noisy teacher, the tiny critic model) in one process, through the
 same library calls as the pipeline's stages:
 
 1. *collect*: ``--trials`` episodes per train task (the first ``--tasks``) with the warm-started
-   policy (vLLM), no critic, as stage collect;
+   policy (vLLM), no critic, as stage collect (``--without-quickstart``: with the noisy teacher
+   that policy is warm-started on instead, its errors at ``pipeline.warmstart_error_rate``, and
+   an untrained tiny critic built under ``--out``);
 2. *label*: the privileged labeller (stage label);
 3. *blame*: verified blame with ``--blame-k`` continuations per invalid label of a failed
    trajectory, with the same policy (``pipeline.blame_k``);
@@ -65,12 +70,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--critic-steps", type=int, default=None, help="default: the quickstart's")
     parser.add_argument("--critic-lr", type=float, default=None, help="default: the quickstart's")
     parser.add_argument("--out", default=None, help="work directory (default: a temporary one)")
+    parser.add_argument("--without-quickstart", action="store_true",
+                        help="collect with the noisy teacher (no policy model) and train a fresh tiny critic built "
+                             "under --out: runs without `make quickstart` (smoke runs; the figures then say little)")
     args = parser.parse_args(argv)
-    for path in (args.policy, args.critic):
+    for path in () if args.without_quickstart else (args.policy, args.critic):
         if not (Path(path) / "config.json").exists():
-            print(f"{path} holds no model; run `make quickstart` first (or pass --policy/--critic)", file=sys.stderr)
+            print(f"{path} holds no model; run `make quickstart` first (or pass --policy/--critic, or "
+                  "--without-quickstart)", file=sys.stderr)
             return 2
     out = Path(args.out or tempfile.mkdtemp(prefix="blame-filter-"))
+    if args.without_quickstart:
+        args.policy, args.critic = str(out / "models" / "tiny-policy"), str(out / "models" / "tiny-critic")
     figures = run(args, out)
     print(json.dumps(figures))
     return 0
@@ -80,9 +91,10 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from cast_rl.config import load_config
 
     t0 = time.perf_counter()
+    fresh = str(args.without_quickstart).lower()  # build the tiny models the quickstart starts from
     cfg = load_config(REPO / "configs" / "quickstart.yaml", [
-        f"run_dir={out}", f"policy.path={args.policy}", "policy.make_tiny_if_missing=false",
-        f"critic.model.path={args.critic}", "critic.model.make_tiny_if_missing=false",
+        f"run_dir={out}", f"policy.path={args.policy}", f"policy.make_tiny_if_missing={fresh}",
+        f"critic.model.path={args.critic}", f"critic.model.make_tiny_if_missing={fresh}",
         "env.split=train", "env.task_indices=[]", "logging.mode=disabled",
         f"pipeline.blame_k={args.blame_k}",
         *([f"pipeline.critic_train_steps={args.critic_steps}"] if args.critic_steps else []),
@@ -91,14 +103,21 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from cast_rl.envs.setup import load_env_data
 
     data = load_env_data(cfg)
+    if args.without_quickstart:
+        from cast_rl.models.setup import ensure_model, ensure_policy_model
+
+        ensure_policy_model(cfg, data)  # its tokenizer is the teacher's
+        ensure_model(cfg.critic.model, [data.data_dir])
     tasks = list(range(min(args.tasks, len(data.tasks("train")))))
     figures: dict[str, Any] = {"tasks": len(tasks), "trials": args.trials, "blame_k": args.blame_k,
-                               "critic_train_steps": cfg.pipeline.critic_train_steps}
+                               "critic_train_steps": cfg.pipeline.critic_train_steps,
+                               "policy": "noisy_expert" if args.without_quickstart else args.policy}
     timings: dict[str, float] = {}
 
     # 1-3: collect, label, blame (one policy engine for all three)
     start = time.perf_counter()
-    trajs, labels, records = asyncio.run(_collect_label_blame(cfg, data, tasks, args.trials, out))
+    collect = _teacher_label_blame if args.without_quickstart else _collect_label_blame
+    trajs, labels, records = asyncio.run(collect(cfg, data, tasks, args.trials, out))
     timings["collect_label_blame_s"] = time.perf_counter() - start
     from cast_rl.critique.blame import blame_metrics, confirmed_keys, count_failed, write_blame
 
@@ -144,25 +163,53 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 
 
 async def _collect_label_blame(cfg: Any, data: Any, tasks: list[int], trials: int, out: Path) -> tuple:
-    from cast_rl.critique.blame import verify_blame
-    from cast_rl.critique.labeller import label_file
     from cast_rl.inference import build_engine
-    from cast_rl.records import write_trajectories
     from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 
     engine = build_engine(cfg.policy.path, cfg.inference, seed=cfg.seed, dtype=cfg.policy.dtype)
     try:
         runner = EpisodeRunner(cfg, data, engine, None)
         trajs = await runner.run_many([EpisodeSpec("train", i, t) for i in tasks for t in range(trials)])
-        path = out / "collect" / "trajectories.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_trajectories(path, trajs)
-        labelled, trajs, _ = label_file(data, path, out / "labels.jsonl")
-        labels = [lab.to_json() for lab in labelled]
-        records = await verify_blame(data, trajs, labels, lambda _t: runner, cfg.pipeline.blame_k, cfg.seed)
-        return trajs, labels, records
+        return await _label_blame(cfg, data, trajs, lambda _t: runner, out)
     finally:
         await engine.close()
+
+
+async def _teacher_label_blame(cfg: Any, data: Any, tasks: list[int], trials: int, out: Path) -> tuple:
+    """``_collect_label_blame`` with the quickstart's noisy teacher as the policy (its error per
+    episode drawn from the episode's seed, as for the warm-start's demonstrations); a blame branch
+    continues with the same teacher."""
+    from transformers import AutoTokenizer
+
+    from cast_rl.rollout.noisy_expert import NoisyExpertEngine, draw_error, episode_seed
+    from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
+
+    tok = AutoTokenizer.from_pretrained(cfg.policy.path)
+    pipe = cfg.pipeline
+
+    def runner_for(split: str, index: int, trial: int) -> EpisodeRunner:
+        error = draw_error(episode_seed(cfg.seed, (split, index, trial)), pipe.warmstart_error_rate,
+                           tuple(pipe.warmstart_errors))
+        return EpisodeRunner(cfg, data, NoisyExpertEngine(tok, data.task(split, index), data.spec.write_tools, error))
+
+    specs = [EpisodeSpec("train", i, t) for i in tasks for t in range(trials)]
+    trajs = list(await asyncio.gather(*(runner_for(*s.key).run(s) for s in specs)))
+    return await _label_blame(cfg, data, trajs, lambda t: runner_for(t.split, t.task_index, t.trial), out)
+
+
+async def _label_blame(cfg: Any, data: Any, trajs: list, runner_for: Any, out: Path) -> tuple:
+    """Stage label's privileged labeller, then verified blame with ``runner_for``'s runners."""
+    from cast_rl.critique.blame import verify_blame
+    from cast_rl.critique.labeller import label_file
+    from cast_rl.records import write_trajectories
+
+    path = out / "collect" / "trajectories.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_trajectories(path, trajs)
+    labelled, trajs, _ = label_file(data, path, out / "labels.jsonl")
+    labels = [lab.to_json() for lab in labelled]
+    records = await verify_blame(data, trajs, labels, runner_for, cfg.pipeline.blame_k, cfg.seed)
+    return trajs, labels, records
 
 
 def _label_precision(data: Any, trajs: list, labels: list[dict[str, Any]], data_dirs: dict[str, Path],

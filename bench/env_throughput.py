@@ -12,7 +12,7 @@ Measured side by side in one process:
   cache (the cold rate is printed too);
 * ``fork_vs_deepcopy_speedup``: ``copy.deepcopy`` of the plain database state divided by
   ``Database.fork()`` of a database that already holds a few writes;
-* ``vs_source_speedup`` (only when the tau-bench mirror exists): the same episodes through the
+* ``vs_source_speedup`` (only when ``CAST_RL_TAU_BENCH_SRC`` names a tau-bench clone): the same episodes through the
   source's own ``Env`` (``reset`` reloads the JSON files, gold actions through ``step``,
   ``calculate_reward`` re-hashes and re-replays), extracted to a temporary directory outside
   the repo with its LLM user module stubbed.
@@ -26,6 +26,7 @@ import argparse
 import copy
 import io
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -43,7 +44,8 @@ sys.path.insert(0, str(REPO))
 from cast_rl.envs.core import DomainData, ToolEnv, call_tool, load_domain_data  # noqa: E402
 from cast_rl.envs.types import Action  # noqa: E402
 
-MIRROR = Path("/work/.mirror/sierra-research+tau-bench/repo")
+SOURCE_ENV = "CAST_RL_TAU_BENCH_SRC"
+"""A git clone of sierra-research/tau-bench, for the comparison with its own env (optional)."""
 
 
 def gold_episode(data: DomainData, index: int) -> float:
@@ -144,10 +146,11 @@ def main() -> None:
         "fork_vs_deepcopy_speedup": round(deepcopy_s / fork_s, 1),
     }
 
-    if args.source_tasks and (MIRROR / "HEAD").exists():
+    source = Path(os.environ.get(SOURCE_ENV, "")) if os.environ.get(SOURCE_ENV) else None
+    if args.source_tasks and source is not None and source.is_dir():
         with tempfile.TemporaryDirectory(prefix="tau_bench_src_") as tmp:
             archive = subprocess.run(
-                ["git", "-C", str(MIRROR), "archive", "HEAD", "tau_bench"],
+                ["git", "-C", str(source), "archive", "HEAD", "tau_bench"],
                 check=True,
                 capture_output=True,
             ).stdout

@@ -51,7 +51,7 @@ def main() -> int:
         "logging.mode=disabled", "inference.max_model_len=1024", "inference.gpu_memory_utilization=0.3",
         "rollout.num_workers=1", "rollout.num_gpus_per_worker=1", "rollout.weight_sync=collective",
         "learner.num_workers=1", f"learner.num_gpus_per_worker={learner_gpus}", "learner.micro_batch_size=4",
-        "learner.global_batch_size=4", "learner.lr=0.05", "learner.checkpoint_every=0",
+        "learner.global_batch_size=4", "learner.lr=0.05", "learner.checkpoint_every=null",
     ])
     ray.init(num_cpus=4, num_gpus=gpus, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     out: dict = {"gpus": gpus, "gpu": torch.cuda.get_device_name(0)}

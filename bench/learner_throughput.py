@@ -4,6 +4,12 @@ Run (from the repo root)::
 
     .venv/bin/python bench/learner_throughput.py [--workers 2] [--hidden 256] [--layers 4]
         [--batches 6] [--batch-size 16] [--micro-batch-size 4] [--min-len 64] [--max-len 128]
+        [--sync-reps 3] [--logits-batches 4] [--logits-batch-size N] [--logits-threads 2]
+
+    # smoke test (tests/bench): the JSON keys, not the figures
+    .venv/bin/python bench/learner_throughput.py --workers 1 --hidden 64 --layers 1 --batches 2 \
+        --batch-size 2 --micro-batch-size 2 --min-len 16 --max-len 32 --sync-reps 1 \
+        --logits-batches 2 --logits-batch-size 1
 
 Measured on the same randomly generated batches (a small offline Qwen3 built on the spot):
 
@@ -19,7 +25,7 @@ Measured on the same randomly generated batches (a small offline Qwen3 built on 
   ``learner.logits=loss_tokens`` divided by the same rank with ``learner.logits=all``, on the
   embedded default's shapes: the quickstart's policy (``configs/quickstart.yaml``: 0.8M
   parameters, its tokenizer trained on the generated retail data, vocabulary ~4.1k), 16
-  conversations of ~1.6k tokens per step of which ~16% are the policy's turns (the loss), in
+  conversations (``--logits-batch-size``, default the quickstart's batch) of ~1.6k tokens per step of which ~16% are the policy's turns (the loss), in
   the quickstart's micro-batches, ``--logits-threads`` torch threads.  Steps alternate between the two
   engines (same batches, same order), and the first step of each is a warm-up.
 
@@ -81,7 +87,7 @@ def conversation_batches(n: int, size: int, vocab: int, seed: int = 0) -> list:
     return batches
 
 
-def logits_speedup(batches_n: int, threads: int) -> dict[str, float]:
+def logits_speedup(batches_n: int, threads: int, batch_size: int | None = None) -> dict[str, float]:
     """(tokens/s with learner.logits=all, with loss_tokens, loss-token share) on the
     quickstart's model and conversation shapes (module doc)."""
     from cast_rl.config import load_config
@@ -98,7 +104,7 @@ def logits_speedup(batches_n: int, threads: int) -> dict[str, float]:
         f"run_dir={tmp}", f"policy.path={model_dir}", "logging.mode=disabled", f"learner.logits={mode}",
         "learner.checkpoint_every=null"])) for mode in ("all", "loss_tokens")}
     vocab = engines["all"].model.config.vocab_size
-    batches = conversation_batches(batches_n, base.learner.global_batch_size, vocab)
+    batches = conversation_batches(batches_n, batch_size or base.learner.global_batch_size, vocab)
     seconds = {mode: 0.0 for mode in engines}
     timed_tokens = 0
     for i, batch in enumerate(batches):
@@ -154,10 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-len", type=int, default=128)
     p.add_argument("--sync-reps", type=int, default=3)
     p.add_argument("--logits-batches", type=int, default=4, help="steps per engine, the first a warm-up")
+    p.add_argument("--logits-batch-size", type=int, default=None,
+                   help="conversations per step (default: the quickstart's learner.global_batch_size)")
     p.add_argument("--logits-threads", type=int, default=2)
     args = p.parse_args(argv)
+    if args.batches < 2 or args.logits_batches < 2:
+        p.error("--batches and --logits-batches must be >= 2 (the first batch is a warm-up)")
 
-    logits = logits_speedup(args.logits_batches, args.logits_threads)
+    logits = logits_speedup(args.logits_batches, args.logits_threads, args.logits_batch_size)
     print(f"quickstart shapes (vocab {logits['vocab']}, loss on {logits['share']:.0%} of tokens): "
           f"learner.logits=all {logits['all']:,.0f} tokens/s, loss_tokens {logits['loss_tokens']:,.0f} tokens/s")
 

