@@ -305,6 +305,8 @@ class Visible:
             return True
         if self.contains_text(text):
             return True
+        if text.startswith("#") and len(text) > 1 and self.contains_text(text[1:]):
+            return True  # an order number the user gave without the "#" the tools write
         iso = _ISO_DATE.fullmatch(text)
         if iso:
             try:

@@ -5,7 +5,8 @@
 1. the system prompt is the policy; the user opens with the task instruction;
 2. the agent asks for the customer's identity, the user supplies it (the values of the task's
    own lookups, or the customer's email / user id from the database) and the agent authenticates
-   them as the policy demands;
+   them as the policy demands (variants: the user's first turn in other words, the identity
+   said in it, an airline user id taken as stated with no lookup: :func:`gold_trajectory`);
 3. for each gold action: reads that make every argument visible (a value the user never said is
    looked up first, e.g. the order list before an order id), the reads the policy asks for (the
    order's status, the provider's schedule, the reservation), then, for a write, the action's
@@ -32,6 +33,9 @@ from cast_rl.envs.core import DomainData, ToolEnv, call_tool
 from cast_rl.envs.types import RESPOND, STOP_TOKEN, Action
 from cast_rl.records import Trajectory
 
+Given = tuple[Action | None, str]
+"""How the customer identifies: the call that identifies them (None: a stated id, no lookup)
+and the user's words."""
 ASK_IDENTITY = (
     "Before I can help, I need to verify your identity. Could you please give me your email "
     "address, or the other identifying details our policy asks for?"
@@ -108,23 +112,32 @@ class ConversationBuilder:
                     self.call(read)
                     break
 
-    def authenticate(self, gold: list[Action], given: tuple[Action, str] | None = None) -> None:
+    def authenticate(
+        self, gold: list[Action], given: Given | None = None, ask: bool = True
+    ) -> None:
         """The identity exchange and the authentication lookup.
 
-        ``given`` replaces the default exchange: the call that identifies the customer and the
-        user's words that give its values (the task's own leading lookups are then skipped).
+        ``given`` replaces the default exchange: the call that identifies the customer (the
+        task's own leading lookups are then skipped), or None where the policy takes an id the
+        user states with no lookup (airline), and the user's words that give its values.
+        ``ask=False``: the user already said them in their first turn; the agent does not ask.
         """
-        self.say(ASK_IDENTITY)
+        if given is None and not ask:
+            raise ValueError("ask=False needs given: the words that identify the customer")
         attempts = []
         for action in gold:
             if action.name not in self.rules.auth_tools:
                 break
             attempts.append(action)
         if given is not None:
-            self.user(given[1])
-            self.call(given[0])
-            self.consumed = len(attempts)
+            if ask:
+                self.say(ASK_IDENTITY)
+                self.user(given[1])
+            if given[0] is not None:
+                self.call(given[0])
+                self.consumed = len(attempts)
             return
+        self.say(ASK_IDENTITY)
         own = identity(self.data.domain, self.env.db, self.task.user_id)
         said = [own[1]] if own else []
         said += [_render(a.kwargs, "My details") for a in attempts if own is None or a != own[0]]
@@ -154,9 +167,10 @@ class ConversationBuilder:
             self.say(str(action.kwargs.get("content", "")))
             return ""
         if self.rules.is_write(action_ref(action)):
+            # made even where the tool fails (a provider record that breaks get_provider_details):
+            # a careful agent asks all the same, and sees that the tool cannot show it
             for read in required_reads(self.data.domain, self.env.db, self.task.user_id, action):
-                ok = not is_error(call_tool(self.data, self.env.db.fork(), read))
-                if ok and not self._fresh(read):
+                if not self._fresh(read):
                     self.reveal(read)
                     self.call(read)
         self.reveal(action)
@@ -191,18 +205,30 @@ class ConversationBuilder:
 
 
 def gold_trajectory(
-    data: DomainData, split: str, task_index: int, given: tuple[Action, str] | None = None
+    data: DomainData,
+    split: str,
+    task_index: int,
+    given: Given | None = None,
+    opening: str | None = None,
+    ask: bool = True,
 ) -> Trajectory:
     """The task's gold actions as a policy-abiding conversation (see the module docstring).
 
     ``given``: the customer identifies themselves this way instead (see
     :meth:`ConversationBuilder.authenticate` and :func:`~cast_rl.critique.gold_domains.identities`).
+    ``opening``: the user's first turn (default: "Hi! " and the task instruction).  With
+    ``ask=False`` the first turn is ``given``'s words (they open the conversation, the agent does
+    not ask who the customer is) and ``opening`` must be None.
     """
     builder = ConversationBuilder(data, split, task_index)
     task = builder.task
-    builder.user("Hi! " + textwrap.dedent(task.instruction).strip())
+    if not ask:
+        if given is None or opening is not None:
+            raise ValueError("ask=False takes the first turn from given's words; pass given and no opening")
+        opening = given[1]
+    builder.user(opening if opening is not None else "Hi! " + textwrap.dedent(task.instruction).strip())
     gold = list(task.actions)
-    builder.authenticate(gold, given)
+    builder.authenticate(gold, given, ask)
     for action in gold[builder.consumed :]:
         if builder.ended:
             break

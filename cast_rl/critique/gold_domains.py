@@ -62,6 +62,21 @@ def identities(domain: str, db: Database, user_id: str) -> dict[str, Action]:
     return out
 
 
+def stated_identities(domain: str, db: Database, user_id: str) -> dict[str, dict[str, str]]:
+    """Ids the policy lets the task's customer identify with by just stating them, no lookup:
+    kind -> the values the user says.
+
+    Airline asks the agent to "first obtain the user id" (a profile lookup is not required);
+    telecom asks for no lookup when the customer gives their customer id.  Retail and
+    telehealth demand the lookup "even when the user already provides" the id: none there.
+    """
+    if domain == "airline" and user_id in db["users"]:
+        return {"user_id": {"user_id": user_id}}
+    if domain == "telecom" and user_id in db["customers"]:
+        return {"customer_id": {"customer_id": user_id}}
+    return {}
+
+
 def candidate_reads(domain: str, db: Database, user_id: str, value: Any) -> Iterator[Action]:
     """Read calls that might show ``value`` (tried in order on a fork until one does)."""
     text = str(value)

@@ -13,8 +13,9 @@ kind                    error type        the faulty action
 missing_confirmation    policy_violation  the first write, without listing it and asking
 fabricated_id           hallucination     an action with an id that nothing visible mentions
 unauthenticated         policy_violation  customer data read by the id the user gave, no lookup
-                                          (telecom, where a given id identifies: a ticket read
-                                          before the user gave anything identifying)
+                                          (telecom and airline, where a given id identifies: a
+                                          ticket or reservation read before the user gave
+                                          anything identifying)
 forbidden_state         policy_violation  cancelling what the visible state shows cannot be
 second_user             policy_violation  a write on another customer's record
 wrong_record            wrong_tool_usage  the first write applied to another visible record
@@ -155,34 +156,39 @@ _SELF_LOOKUP = {
 
 
 def unauthenticated(data: DomainData, split: str, index: int, rng: random.Random) -> Injected | None:
-    if data.domain == "telecom":
-        return _unidentified_ticket(data, split, index)
+    if data.domain in _UNIDENTIFIED_RECORD:
+        return _unidentified_record(data, split, index)
     builder = _start(data, split, index, authenticate=False)
     uid = builder.task.user_id
     builder.say("Happy to help. Could you tell me your account id?")
     builder.user(f"Sure, my id is {uid}.")
-    if data.domain in _SELF_LOOKUP:
-        tool, arg = _SELF_LOOKUP[data.domain]
-        builder.call(Action(tool, {arg: uid}))
-        return _end(builder, "unauthenticated", builder.last_call)
-    # airline: the user id is only obtained once looked up; touch a reservation before that
-    for rid in builder.env.db["users"].get(uid, {}).get("reservations", []):
-        if builder.visible().contains_text(rid):
-            builder.call(Action("get_reservation_details", {"reservation_id": rid}))
-            return _end(builder, "unauthenticated", builder.last_call)
-    return None
+    tool, arg = _SELF_LOOKUP[data.domain]
+    builder.call(Action(tool, {arg: uid}))
+    return _end(builder, "unauthenticated", builder.last_call)
 
 
-def _unidentified_ticket(data: DomainData, split: str, index: int) -> Injected | None:
-    """Telecom: a customer id the user gives identifies them, so the fault is reading a ticket of
-    theirs before they gave any identifying value (id, email or phone)."""
+_UNIDENTIFIED_RECORD = {
+    "telecom": ("support ticket", "get_support_ticket_details", "ticket_id"),
+    "airline": ("reservation", "get_reservation_details", "reservation_id"),
+}
+
+
+def _records_of(data: DomainData, builder: ConversationBuilder, uid: str) -> list[str]:
+    if data.domain == "telecom":
+        return sorted(t for t, r in builder.env.db["support_tickets"].items() if r.get("customer_id") == uid)
+    return list(builder.env.db["users"].get(uid, {}).get("reservations", []))
+
+
+def _unidentified_record(data: DomainData, split: str, index: int) -> Injected | None:
+    """Telecom and airline: an id the user gives identifies them, so the fault is reading a record
+    of theirs (a support ticket, a reservation) before they gave any identifying value."""
     builder = ConversationBuilder(data, split, index)
-    uid = builder.task.user_id
-    tickets = sorted(t for t, r in builder.env.db["support_tickets"].items() if r.get("customer_id") == uid)
-    if not tickets:
+    what, tool, arg = _UNIDENTIFIED_RECORD[data.domain]
+    records = _records_of(data, builder, builder.task.user_id)
+    if not records:
         return None
-    builder.user(f"Hi! I have a question about my support ticket {tickets[0]}.")
-    builder.call(Action("get_support_ticket_details", {"ticket_id": tickets[0]}))
+    builder.user(f"Hi! I have a question about my {what} {records[0]}.")
+    builder.call(Action(tool, {arg: records[0]}))
     return _end(builder, "unauthenticated", builder.last_call)
 
 
@@ -265,8 +271,13 @@ def second_user(data: DomainData, split: str, index: int, rng: random.Random) ->
         return _end(builder, "second_user", _act_on(
             builder, [Action("get_support_ticket_details", {"ticket_id": tid})],
             Action("modify_support_ticket", {"ticket_id": tid, "status": "closed", "priority": "low"})))
+    # one whose details the tool can show (some records break get_appointment_details): the
+    # fault is acting on a record visibly another patient's
+    def shown(aid: str) -> bool:
+        return not is_error(call_tool(data, db.fork(), Action("get_appointment_details", {"appointment_id": aid})))
+
     appts = sorted(a for a, v in db["appointments"].items()
-                   if v.get("patient_id") != uid and v.get("status") == "scheduled")
+                   if v.get("patient_id") != uid and v.get("status") == "scheduled" and shown(a))
     aid = rng.choice(appts)
     builder.user(f"Also, please cancel appointment {aid}.")
     return _end(builder, "second_user", _act_on(
@@ -296,7 +307,17 @@ def wrong_arguments(data: DomainData, split: str, index: int, rng: random.Random
         choices = variants(builder, action)
         if not choices or builder.ended:
             return None
-        builder.perform(rng.choice(choices))
+        choice = rng.choice(choices)
+        _reads(builder, choice)
+        builder.reveal(choice)
+        if builder.missing(choice):
+            # the changed value cannot be shown (a provider whose schedule the tool cannot
+            # list): using it would be a made-up value, not a visible wrong one
+            shown = [c for c in choices if not builder.missing(c)]
+            if not shown:
+                return None
+            choice = rng.choice(shown)
+        builder.perform(choice)
         return _end(builder, "wrong_arguments", builder.last_call)
     return None
 

@@ -6,9 +6,13 @@ For each action of a trajectory (each tool call, each reply to the user) the lab
    and the tool-schema part of wrong tool usage;
 2. adds privileged checks for wrong tool usage: it replays the trajectory's executed tool calls
    in a fresh :class:`~cast_rl.envs.core.ToolEnv` and, on a fork at the action, asks whether the
-   environment rejects the call, and whether a write's state change is the effect of one of the
+   environment rejects the call (a tool failing on its own record, :func:`tool_fault`, is no
+   rejection), and whether a write's state change is the effect of one of the
    task's gold writes (one that leads towards the gold final state) or leads away from it; a
    call equal to a gold action is what the task needs by definition;
+   A visible finding about a condition the tool checks itself (:attr:`Finding.tool_checks`: an
+   appointment's status or a provider's slot not looked at first) is dropped when the
+   environment accepts the call: passing the tool's own check shows the condition held;
 3. reports the first error type in the order hallucination, policy_violation, wrong_tool_usage,
    with a rationale that rests on visible information only; a rationale failing the leakage
    check (:func:`cast_rl.critique.rationale.leakage_problems`) is dropped and counted.
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +49,7 @@ from cast_rl.critique.context import (
     Visible,
     is_error,
     iter_actions,
+    leaves,
     tool_history,
 )
 from cast_rl.critique.rationale import Evidence, Rationale, leakage_problems
@@ -184,7 +190,10 @@ class Labeller:
             if not action.is_reply and action.name != MALFORMED:
                 db = env.db if ran else env.db.fork()
                 before = db.fork()
-                findings += self._privileged(action, visible, db, gold, gold_keys, trajectory)
+                privileged, accepted = self._privileged(action, visible, db, gold, gold_keys, trajectory)
+                if accepted:  # the tool checked the condition itself and the call passed it
+                    findings = [f for f in findings if not f.tool_checks]
+                findings += privileged
                 changed = bool(changes(before, db))
                 if _key(action.name, action.kwargs) in gold_keys:
                     # a gold action is what the task needs, even where the env rejects it
@@ -230,10 +239,26 @@ class Labeller:
         gold: list[Action],
         gold_keys: set[str],
         trajectory: Trajectory,
-    ) -> list[Finding]:
-        """Wrong tool usage decided with the environment and the gold actions; mutates ``db``."""
+    ) -> tuple[list[Finding], bool]:
+        """Wrong tool usage decided with the environment and the gold actions, and whether the
+        environment accepted the call; mutates ``db``."""
         before = db.fork()
         observation = call_tool(self.data, db, Action(action.name, action.kwargs))
+        accepted = not is_error(observation)
+        return self._wrong_usage(action, visible, db, before, observation, gold, gold_keys,
+                                 trajectory), accepted
+
+    def _wrong_usage(
+        self,
+        action: ActionRef,
+        visible: Visible,
+        db: Database,
+        before: Database,
+        observation: str,
+        gold: list[Action],
+        gold_keys: set[str],
+        trajectory: Trajectory,
+    ) -> list[Finding]:
         if _key(action.name, action.kwargs) in gold_keys:
             return []
         if action.name in self.rules.terminate_tools:
@@ -247,7 +272,7 @@ class Labeller:
                     "Continue helping the user with the tools instead of transferring.", "transfer",
                 )]
             return []
-        if is_error(observation):
+        if is_error(observation) and not tool_fault(observation, action.kwargs):
             return [_wrong(
                 f"{action.name} cannot work with these arguments: they do not fit the records "
                 "shown so far (an id of the wrong kind, something that is not part of the record, "
@@ -270,6 +295,17 @@ class Labeller:
             _fix_hint(visible, writes, action),
             "gold_effect",
         )]
+
+
+_TOOL_FAULT = re.compile(r"^Error: '([^']*)'\s*$")
+"""A tool's own KeyError: ``Error: 'license_number'``."""
+
+
+def tool_fault(observation: str, kwargs: dict[str, Any]) -> bool:
+    """Whether a tool failed on a field its own record lacks (a KeyError naming something that is
+    not one of the call's argument values): the call itself was right."""
+    match = _TOOL_FAULT.match(observation)
+    return match is not None and match.group(1) not in {str(v) for _, v in leaves(kwargs)}
 
 
 def decisive_label(labels: list[ActionLabel]) -> ActionLabel | None:

@@ -1,13 +1,17 @@
 """Airline policy (tau-bench ``wiki.md``) as visible rules.
 
-* the user id must come from the user (and be looked up) before reservations are touched; only
-  that user's reservations; every update needs the details listed and an explicit yes;
+* the user id must come from the user before reservations are touched: the policy asks the agent
+  to "first obtain the user id", so a user id the user states identifies them (in any words, in
+  the first message or later), as does a ``get_user_details`` lookup of an id they stated; a
+  profile lookup is not required first; only that user's reservations; every update needs the
+  details listed and an explicit yes;
 * the reservation must have been looked up before it is changed or cancelled (the API does not
   check the rules, so the agent must);
 * cancel: within 24 hours of booking, business cabin, or travel insurance; never a trip with a
   segment already flown;
-* change flights: not for basic economy; baggage can be added, not removed; the number of
-  passengers cannot change;
+* change flights: not for basic economy (a cabin change the agent made earlier in the
+  conversation counts, since the API's output does not show it); baggage can be added, not
+  removed; the number of passengers cannot change;
 * book: at most five passengers; at most one certificate, one credit card and three gift cards,
   all from the user's profile; only flights shown as available;
 * certificates: only when the user complains and asks for compensation, and not for a regular
@@ -40,6 +44,7 @@ class AirlineRules(DomainRules):
     name = "airline"
     subject_arg = "user_id"
     auth_tools = ("get_user_details",)
+    stated_id_identifies = True
     public_tools = frozenset(
         {"think", "calculate", "search_direct_flight", "search_onestop_flight", "list_all_airports"}
     )
@@ -168,7 +173,7 @@ def _reservation_rules(ctx: Ctx) -> list[Finding]:
                 (("can be cancelled within 24 hours",), ("cancelled within 24 hours",)),
                 "Explain to the user that this reservation cannot be cancelled.", "cancel_rule",
             )]
-    if name == "update_reservation_flights" and res.get("cabin") == "basic_economy":
+    if name == "update_reservation_flights" and _cabin(ctx, rid, res) == "basic_economy":
         old = {(f.get("flight_number"), f.get("date")) for f in flights}
         new = {(f.get("flight_number"), f.get("date")) for f in kwargs.get("flights") or [] if isinstance(f, dict)}
         if old != new:
@@ -198,6 +203,15 @@ def _reservation_rules(ctx: Ctx) -> list[Finding]:
                 "Keep the same number of passengers.", "passenger_count",
             )]
     return []
+
+
+def _cabin(ctx: Ctx, rid: Any, res: dict[str, Any]) -> Any:
+    """The reservation's cabin: the latest cabin change the agent made (the API's output keeps the
+    old cabin), else the record's."""
+    for record in reversed(ctx.visible.calls("update_reservation_flights", ok=True)):
+        if record.kwargs.get("reservation_id") == rid and isinstance(record.kwargs.get("cabin"), str):
+            return record.kwargs["cabin"]
+    return res.get("cabin")
 
 
 def _booking_rules(ctx: Ctx, payments: list[Any]) -> list[Finding]:

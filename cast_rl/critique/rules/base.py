@@ -6,7 +6,9 @@ serve the labeller (which adds privileged checks on top) and the rule-based crit
 
 Shared rules, in the order of the error types:
 
-* hallucination: an argument value (id, name, amount, date, address) that occurs nowhere visible;
+* hallucination: an argument value (id, name, amount, date, address) that occurs nowhere visible
+  (an address's state code and country count as visible when its visible parts imply them:
+  :mod:`cast_rl.critique.rules.address`);
   a reply naming an id or amount that occurs nowhere visible;
 * policy_violation: more than one tool call in a message; user data touched before the user was
   authenticated the way the domain demands (:meth:`DomainRules.identified`: judged on the
@@ -25,12 +27,14 @@ from typing import Any
 
 from cast_rl.critique.context import MALFORMED, RESPOND, ActionRef, Visible, leaves, numbers_in
 from cast_rl.critique.rationale import Evidence
+from cast_rl.critique.rules.address import derived_address_part
 
 _REPLY_TOKEN = re.compile(
     r"(?<![\w@.$])(\$?\d[\d,]*\.\d{2}|#?[A-Za-z]*\d[\w-]*|[a-z]+_[\w]+|[\w.+-]+@[\w-]+\.[\w.]+)",
 )
 _ORDINAL = re.compile(r"^\d+(st|nd|rd|th|am|pm|h|k|m|s|x)$", re.I)
 _TIME = re.compile(r"^\d{1,2}:\d{2}(:\d{2})?$")
+_PAYMENT_ID = re.compile(r"^(credit_card|gift_card|certificate|paypal)_", re.I)
 SMALL_INT = 10
 """Integers up to this size (counts of bags, passengers, limits) are never called made up."""
 
@@ -47,6 +51,10 @@ class Finding:
     suggested_fix: str = ""
     source: str = "rule"
     """Which rule produced it (for statistics and debugging)."""
+    tool_checks: bool = False
+    """The finding is that a condition was not looked at first, and the tool checks that
+    condition itself (it rejects a call that breaks it): the privileged labeller drops it when
+    the environment accepts the call; a visible-only critic keeps it."""
 
 
 @dataclass
@@ -88,6 +96,9 @@ class DomainRules:
     stated_id_identifies = False
     """Whether the policy lets the customer identify by giving their id (the ``subject_arg``
     value) in their own words, with no lookup by email, name or phone first."""
+    stated_id_shape: re.Pattern[str] = re.compile(r"(?<![\w.@#-])([a-z]+(?:_[a-z]+)+_\d+)(?![\w@-])", re.I)
+    """What such an id looks like (the tool schemas' examples: ``sara_doe_496``,
+    ``john_smith_1234``); payment method ids of that shape are not ids of a customer."""
     public_tools: frozenset[str] = frozenset({"think", "calculate"})
     """Tools that touch no customer's data (allowed before authentication)."""
     write_tools: frozenset[str] = frozenset()
@@ -121,7 +132,9 @@ class DomainRules:
 
         A lookup (:meth:`authenticated`) always counts; where :attr:`stated_id_identifies`, so
         does an id the user gave, whatever the words around it: the subject of an earlier
-        successful call, or of ``action`` itself, that occurs in a user message.
+        successful call, or of ``action`` itself, that occurs in a user message; else the first
+        token of a user message shaped like an id (:attr:`stated_id_shape`).  Whose records the
+        agent then touches is checked against it (:meth:`record_owner`, the one-user rule).
         """
         auth = self.authenticated(visible)
         if auth is not None or not self.stated_id_identifies:
@@ -133,6 +146,12 @@ class DomainRules:
                 said = visible.user_stated(subject)
                 if said is not None:
                     return subject, said
+        # an id the user gave before any call names it (a reservation or ticket read first)
+        for index, text in visible.user_texts:
+            for match in self.stated_id_shape.finditer(text):
+                ident = match.group(1).lower()
+                if not _PAYMENT_ID.match(ident):
+                    return ident, index
         return None
 
     def record_owner(self, ctx: Ctx, arg: str, value: Any) -> tuple[str, Evidence] | None:
@@ -182,6 +201,8 @@ def ungrounded(
         if visible.contains(value):
             continue
         if isinstance(value, (int, float)) and _policy_multiple(float(value), visible.policy):
+            continue
+        if derived_address_part(path, value, kwargs, visible):
             continue
         missing.append((path, value))
     return missing

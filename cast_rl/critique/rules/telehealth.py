@@ -8,7 +8,12 @@
 * cancel or reschedule only an appointment shown as scheduled or pending approval (its status
   must have been seen);
 * schedule only after the provider's availability was checked, at a time the provider's weekly
-  schedule offers; reschedule likewise to an offered time.
+  schedule offers; reschedule likewise to an offered time.  Where the agent asked for the
+  schedule and the tool failed to show it (some providers' records break it), the check counts
+  as made: nothing more is visible, and the booking tools reject a time the provider does not
+  offer.  The tools also reject a change to a completed or cancelled appointment (the only
+  inactive statuses in the data), so an unchecked status or schedule is marked :attr:`~cast_rl.critique.rules.base.Finding.tool_checks` (the
+  labeller drops it when the call goes through).
 """
 
 from __future__ import annotations
@@ -94,6 +99,7 @@ class TelehealthRules(DomainRules):
                     clause=(("status is 'scheduled' or 'pending_approval'",), ("scheduled",)),
                     suggested_fix="Look the appointment up first and check its status.",
                     source="status_unchecked",
+                    tool_checks=True,
                 )]
             status, evidence = found
             if status not in _ACTIVE:
@@ -139,8 +145,20 @@ def _status_of(visible: Visible, appointment_id: str) -> tuple[str, list[Evidenc
     return None
 
 
+def _schedule_unavailable(visible: Visible, provider_id: str) -> bool:
+    """Whether the agent asked for the provider's schedule and the tool could not show it (an
+    error): the check was made as far as the tools allow, and the booking tool checks the slot
+    itself."""
+    return any(
+        r.kwargs.get("provider_id") == provider_id and r.output is not None and not r.ok
+        for r in visible.calls("get_provider_details")
+    )
+
+
 def _slot(ctx: Ctx, provider_id: str, day: Any, time: Any) -> list[Finding]:
     record = latest_text(ctx.visible, ("get_provider_details",), f"(ID: {provider_id})")
+    if record is None and _schedule_unavailable(ctx.visible, provider_id):
+        return []
     if record is None:
         return [Finding(
             "policy_violation",
@@ -148,6 +166,7 @@ def _slot(ctx: Ctx, provider_id: str, day: Any, time: Any) -> list[Finding]:
             clause=(("check provider availability",),),
             suggested_fix="Call get_provider_details and pick a time from the provider's schedule.",
             source="availability_unchecked",
+            tool_checks=True,
         )]
     try:
         weekday = Date.fromisoformat(str(day)).strftime("%A")
