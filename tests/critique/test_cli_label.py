@@ -35,8 +35,11 @@ def files(retail_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     return {"dir": out, "T": out / "T.jsonl", "L": out / "L.jsonl", "data": retail_data_dir}
 
 
-def _label(files: dict[str, Path], trajectories: Path, out: Path) -> int:
-    return main(["label", *_env(files), f"run_dir={files['dir'] / 'run'}",
+def _label(files: dict[str, Path], trajectories: Path, out: Path, run_dir: Path | None = None) -> int:
+    """``cast-rl label``; its W&B run goes under ``run_dir`` (default: beside ``out``, so tests
+    that share the module's files in any order never read each other's runs)."""
+    run_dir = run_dir or out.parent / f"run-{out.stem}"
+    return main(["label", *_env(files), f"run_dir={run_dir}",
                  "--trajectories", str(trajectories), "--out", str(out)])
 
 
@@ -45,8 +48,8 @@ def _env(files: dict[str, Path]) -> list[str]:
     return ["env.domain=retail", f"env.data_dir={files['data']}"]
 
 
-def test_label_cli_writes_one_line_per_action_and_a_summary(files, capsys) -> None:  # noqa: ANN001
-    assert _label(files, files["T"], files["L"]) == 0
+def test_label_cli_writes_one_line_per_action_and_a_summary(files, capsys, tmp_path) -> None:  # noqa: ANN001
+    assert _label(files, files["T"], files["L"], run_dir=tmp_path / "run") == 0
     labels = [json.loads(line) for line in files["L"].read_text().splitlines()]
     keys = {"trajectory_index", "message_index", "action", "verdict", "error_type", "rationale", "source"}
     assert all(set(lab) - {"decisive"} == keys and lab.get("decisive", True) is True for lab in labels)
@@ -58,7 +61,7 @@ def test_label_cli_writes_one_line_per_action_and_a_summary(files, capsys) -> No
     assert sorted(decisive) == sorted(t for t, _ in injected)
     err = capsys.readouterr().err
     assert "leakage drops: 0" in err and "verdicts: invalid=" in err
-    (run,) = (files["dir"] / "run" / "wandb").glob("offline-run-*")
+    (run,) = (tmp_path / "run" / "wandb").glob("offline-run-*")
     (row,) = read_offline_history(run)
     assert row["label/actions"] == len(labels)
     assert row["label/leakage_drops"] == 0
