@@ -439,8 +439,8 @@ class _VersionedCollector:
     def __init__(self, group: Any, ctx: PipelineContext) -> None:
         self.group, self.ctx = group, ctx
 
-    def collect(self, units: list[tuple[str, int, int]]) -> list[Trajectory]:
-        return self.group.collect(units)
+    def collect(self, units: list[tuple[str, int, int]], tree: tuple[int, str] | None = None) -> list[Trajectory]:
+        return self.group.collect(units, tree=tree)
 
     def update_weights(self, version: int, weights: Any, checksum: str) -> Any:
         self.ctx.sync_policy(version, weights, checksum)

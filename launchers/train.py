@@ -54,8 +54,8 @@ class HFCollectorClient:
             model_path, max_new_tokens=max_new_tokens, seed=seed
         )
 
-    def collect(self, units: list[tuple[str, int, int]]) -> list[Trajectory]:
-        return ray.get(self.handle.collect.remote(units))
+    def collect(self, units: list[tuple[str, int, int]], tree: tuple[int, str] | None = None) -> list[Trajectory]:
+        return ray.get(self.handle.collect.remote(units, tree))
 
     def update_weights(self, version: int, weights: Any, checksum: str) -> int:
         # An ObjectRef passed at top level is resolved by Ray: the actor reads the one stored copy.

@@ -123,3 +123,37 @@ def test_optimise_collects_with_the_critic_and_credits_its_verdicts(
     credited = [r["sample"] for r in log if r["op"] == "add" and r["sample"]["span_advantages"]]
     assert credited, "no sample carries the critic's turn-level credit"
     assert min(v for s in credited for _, _, v in s["span_advantages"]) < 0
+
+
+def _optimise_only(run: Path, tiny_model_dir: Path, retail_data_dir: Path, *overrides: str):  # noqa: ANN202
+    """07_optimise alone on two generated tasks with the session's tiny policy."""
+    return load_config(None, [
+        f"run_dir={run}", f"env.data_dir={retail_data_dir}", "env.split=train", "env.task_indices=[0,1]",
+        "env.max_steps=3", f"policy.path={tiny_model_dir}", "policy.make_tiny_if_missing=false",
+        "inference.max_model_len=8192", "inference.max_new_tokens=24",
+        "rollout.num_workers=1", "rollout.num_cpus_per_worker=1", "rollout.episodes_in_flight=4",
+        "rollout.trials_per_task=2", "learner.num_workers=1", "learner.num_cpus_per_worker=0",
+        "learner.micro_batch_size=2", "learner.global_batch_size=4", "learner.max_tokens_per_micro_batch=16384",
+        "algorithm.steps=1", "pipeline.stages=[optimise]", "pipeline.train_tasks=2",
+        "cluster.num_cpus=2", "logging.mode=disabled", *overrides,
+    ])
+
+
+@pytest.mark.slow
+def test_optimise_runs_step_level_grpo_in_the_pipeline(
+    ray_local, tiny_model_dir: Path, retail_data_dir: Path, tmp_path: Path  # noqa: ANN001
+) -> None:
+    """algorithm.samples=[step_groups] in 07_optimise: the pipeline's collector takes the tree
+    argument the train loop passes (it raised TypeError: one collect(units, tree=None) for every
+    collector)."""
+    from launchers.pipeline import run_pipeline
+
+    run = tmp_path / "run"
+    cfg = _optimise_only(run, tiny_model_dir, retail_data_dir, "algorithm.samples=[step_groups]",
+                         "algorithm.tree_branches=2", "pipeline.collect_budget=1",
+                         "algorithm.max_collections_per_step=1")
+    optimise = run_pipeline(cfg)["stages"]["optimise"]
+    # the untrained policy fails every branch, so its groups have no variance and no sample;
+    # what this shows is that the stage's tree collection and its GRPO step run to the end
+    assert optimise["grpo_steps"] == 1 and optimise["zero_variance_group_frac_per_step"]
+    assert (run / "07_optimise" / "model" / "config.json").is_file()

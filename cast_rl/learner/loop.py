@@ -45,10 +45,16 @@ from cast_rl.telemetry.metrics import MetricsLogger
 logger = logging.getLogger(__name__)
 
 Unit = tuple[str, int, int]
+Tree = tuple[int, str]
+"""Step-level GRPO's tree rollouts: (continuations per decision point, which points)."""
 
 
 class Collector(Protocol):
-    def collect(self, units: list[Unit]) -> list[Trajectory]: ...
+    def collect(self, units: list[Unit], tree: Tree | None = None) -> list[Trajectory]:
+        """One trajectory per unit in unit order; with ``tree``, each followed by its
+        continuations (:meth:`actors.rollout_group.RolloutGroup.collect`)."""
+        ...
+
     def update_weights(self, version: int, weights: Any, checksum: str) -> Any: ...
 
 
@@ -220,10 +226,9 @@ class TrainLoop:
             round_id = f"r{self.state.rounds}"
             self.state.rounds += 1
         algo = self.cfg.algorithm
-        if "step_groups" in algo.samples:  # tree rollouts: continuations from decision points
-            trajs = self.collector.collect(units, tree=(algo.tree_branches, algo.tree_points))
-        else:
-            trajs = self.collector.collect(units)
+        # step_groups: tree rollouts, continuations from decision points
+        tree = (algo.tree_branches, algo.tree_points) if "step_groups" in algo.samples else None
+        trajs = self.collector.collect(units, tree=tree)
         samples = build_samples(trajs, self._sample_cfg, round_id)
         added = self.buffer.add(samples, trajs)  # the log refers to the trajectories' tokens
         with self._lock:

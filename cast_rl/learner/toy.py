@@ -102,8 +102,11 @@ class HFCollector:
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
     @torch.no_grad()
-    def collect(self, units: list[Unit]) -> list[Trajectory]:
+    def collect(self, units: list[Unit], tree: tuple[int, str] | None = None) -> list[Trajectory]:
         """One trajectory per (split, task_index, trial) unit, in order."""
+        if tree is not None:
+            raise ValueError("the toy task has one turn and no environment to fork: step_groups needs "
+                             "a rollout group (--collector env)")
         with self._lock:
             version = self.version
             gen = torch.Generator().manual_seed(zlib.crc32(repr((self.seed, version, units)).encode()))

@@ -98,7 +98,7 @@ class _ScriptedCollector:
     def __init__(self, collections: list[list]) -> None:
         self.collections = list(collections)
 
-    def collect(self, units: list) -> list:
+    def collect(self, units: list, tree: object = None) -> list:
         return self.collections.pop(0)
 
     def update_weights(self, version: int, weights: object, checksum: str) -> int:

@@ -54,7 +54,7 @@ class KillLearnerDuringRound:
         self.versions: list[int] = []
         """Versions whose weights the collector actually loaded, in order."""
 
-    def collect(self, units: list[tuple[str, int, int]]) -> Any:
+    def collect(self, units: list[tuple[str, int, int]], tree: Any = None) -> Any:
         import ray
 
         if self.rounds == self.at and not self.killed:
@@ -62,7 +62,7 @@ class KillLearnerDuringRound:
             self.killed.append(victim)
             ray.kill(victim)  # a learner rank dies between its collectives
         self.rounds += 1
-        return self.collector.collect(units)
+        return self.collector.collect(units, tree=tree)
 
     def update_weights(self, version: int, weights: Any, checksum: str) -> Any:
         out = self.collector.update_weights(version, weights, checksum)  # refuses old versions
