@@ -104,17 +104,8 @@ def test_optimise_collects_with_the_critic_and_credits_its_verdicts(
     from launchers.pipeline import run_pipeline
 
     run = tmp_path / "run"
-    cfg = load_config(None, [
-        f"run_dir={run}", f"env.data_dir={retail_data_dir}", "env.split=train", "env.task_indices=[0,1]",
-        "env.max_steps=3", f"policy.path={tiny_model_dir}", "policy.make_tiny_if_missing=false",
-        "inference.max_model_len=8192", "inference.max_new_tokens=24",
-        "rollout.num_workers=1", "rollout.num_cpus_per_worker=1", "rollout.episodes_in_flight=4",
-        "rollout.trials_per_task=2", "learner.num_workers=1", "learner.num_cpus_per_worker=0",
-        "learner.micro_batch_size=2", "learner.global_batch_size=4", "learner.max_tokens_per_micro_batch=16384",
-        "algorithm.samples=[outcome_groups]", "algorithm.steps=1", "algorithm.critic_reward_weight=0.5",
-        "pipeline.stages=[optimise]", "pipeline.collect_budget=1", "pipeline.train_tasks=2",
-        "cluster.num_cpus=2", "logging.mode=disabled",
-    ])
+    cfg = _optimise_only(run, tiny_model_dir, retail_data_dir, "algorithm.samples=[outcome_groups]",
+                         "algorithm.critic_reward_weight=0.5", "pipeline.collect_budget=1")
     result = run_pipeline(cfg)
     optimise = result["stages"]["optimise"]
     assert optimise["verification_budget"] == 1 and optimise["grpo_steps"] == 1
