@@ -211,11 +211,14 @@ class PipelineContext:
         """The current policy is now the HF directory ``path``; a running group is restarted
         lazily so that it serves it (only between stages, never mid-collection)."""
         self.policy_path = path
+        self.release_rollout_group()
+
+    def release_rollout_group(self) -> None:
+        """Shut the shared rollout group down (its resources are needed elsewhere); the next
+        :meth:`rollout_group` starts it again from :attr:`policy_path`."""
         if self._group is not None:
             self._group.shutdown()
             self._group = None
 
     def close(self) -> None:
-        if self._group is not None:
-            self._group.shutdown()
-            self._group = None
+        self.release_rollout_group()
