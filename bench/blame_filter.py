@@ -181,16 +181,16 @@ async def _teacher_label_blame(cfg: Any, data: Any, tasks: list[int], trials: in
     continues with the same teacher."""
     from transformers import AutoTokenizer
 
-    from cast_rl.rollout.noisy_expert import NoisyExpertEngine, draw_error, episode_seed
+    from cast_rl.rollout.noisy_expert import episode_teacher
     from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 
     tok = AutoTokenizer.from_pretrained(cfg.policy.path)
     pipe = cfg.pipeline
 
     def runner_for(split: str, index: int, trial: int) -> EpisodeRunner:
-        error = draw_error(episode_seed(cfg.seed, (split, index, trial)), pipe.warmstart_error_rate,
-                           tuple(pipe.warmstart_errors))
-        return EpisodeRunner(cfg, data, NoisyExpertEngine(tok, data.task(split, index), data.spec.write_tools, error))
+        teacher = episode_teacher(tok, data, (split, index, trial), cfg.seed, pipe.warmstart_error_rate,
+                                  tuple(pipe.warmstart_errors))
+        return EpisodeRunner(cfg, data, teacher)
 
     specs = [EpisodeSpec("train", i, t) for i in tasks for t in range(trials)]
     trajs = list(await asyncio.gather(*(runner_for(*s.key).run(s) for s in specs)))

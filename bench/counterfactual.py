@@ -54,9 +54,9 @@ from cast_rl.config import load_config  # noqa: E402
 from cast_rl.critique.verifier import RuleVerifier  # noqa: E402
 from cast_rl.envs.core import load_domain_data  # noqa: E402
 from cast_rl.envs.generate import write_retail  # noqa: E402
-from cast_rl.eval.net_benefit import measure_benefit  # noqa: E402
+from cast_rl.eval.net_benefit import measure_benefit, noisy_expert_policy  # noqa: E402
 from cast_rl.models.tiny import corpus_from_paths, train_tokenizer  # noqa: E402
-from cast_rl.rollout.noisy_expert import NoisyExpertEngine, draw_error, episode_seed  # noqa: E402
+from cast_rl.rollout.noisy_expert import NoisyExpertEngine  # noqa: E402
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec, EpisodeState  # noqa: E402
 
 
@@ -153,13 +153,7 @@ def _benefit(args: argparse.Namespace) -> dict[str, Any]:
                 "pipeline.benefit_budgets=[0,1,2,3]", f"pipeline.benefit_errors=[{args.benefit_errors}]", f"pipeline.benefit_trials={args.benefit_trials}",
                 f"pipeline.benefit_k={args.benefit_k}", f"pipeline.benefit_fp_rate={p}",
             ])
-            kinds = tuple(cfg.pipeline.benefit_errors)
-
-            def engine_for(spec: EpisodeSpec, cfg: Any = cfg, kinds: tuple[str, ...] = kinds) -> NoisyExpertEngine:
-                error = draw_error(episode_seed(cfg.seed, spec.key), cfg.pipeline.benefit_error_rate, kinds)
-                task = data.task(spec.split, spec.task_index)
-                return NoisyExpertEngine(tok, task, data.spec.write_tools, error, defers=True)
-
+            engine_for = noisy_expert_policy(cfg, data, tok)
             verifier = RuleVerifier({data.domain: data.tools})
             report = asyncio.run(measure_benefit(cfg, data, tasks, engine_for, verifier, tok))
             m, key = report.metrics, str(p)

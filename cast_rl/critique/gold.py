@@ -124,6 +124,8 @@ class ConversationBuilder:
         """
         if given is None and not ask:
             raise ValueError("ask=False needs given: the words that identify the customer")
+        if ask:
+            self.say(ASK_IDENTITY)
         attempts = []
         for action in gold:
             if action.name not in self.rules.auth_tools:
@@ -131,13 +133,11 @@ class ConversationBuilder:
             attempts.append(action)
         if given is not None:
             if ask:
-                self.say(ASK_IDENTITY)
                 self.user(given[1])
             if given[0] is not None:
                 self.call(given[0])
                 self.consumed = len(attempts)
             return
-        self.say(ASK_IDENTITY)
         own = identity(self.data.domain, self.env.db, self.task.user_id)
         said = [own[1]] if own else []
         said += [_render(a.kwargs, "My details") for a in attempts if own is None or a != own[0]]

@@ -56,7 +56,7 @@ from cast_rl.envs.core import DomainData
 from cast_rl.envs.types import RESPOND, Action
 from cast_rl.eval.passk import is_success, passk
 from cast_rl.records import CRITIC_NAME, Trajectory
-from cast_rl.rollout.noisy_expert import NoisyExpertEngine, draw_error, episode_seed
+from cast_rl.rollout.noisy_expert import NoisyExpertEngine, episode_teacher
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec, EpisodeState, tree_points
 
 CRITIC_TOKENS = "critique_text"
@@ -364,8 +364,7 @@ def noisy_expert_policy(cfg: Any, data: DomainData, tokenizer: Any) -> Callable[
     kinds = tuple(cfg.pipeline.benefit_errors)
 
     def engine_for(spec: EpisodeSpec) -> NoisyExpertEngine:
-        error = draw_error(episode_seed(cfg.seed, spec.key), cfg.pipeline.benefit_error_rate, kinds)
-        task = data.task(spec.split, spec.task_index)
-        return NoisyExpertEngine(tokenizer, task, data.spec.write_tools, error, defers=True)
+        return episode_teacher(tokenizer, data, spec.key, cfg.seed, cfg.pipeline.benefit_error_rate, kinds,
+                               defers=True)
 
     return engine_for

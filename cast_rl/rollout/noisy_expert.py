@@ -74,6 +74,16 @@ def episode_seed(seed: int, key: tuple[str, int, int]) -> int:
     return zlib.crc32(repr(("noisy-expert", seed, key)).encode()) & 0x7FFFFFFF
 
 
+def episode_teacher(
+    tokenizer: Any, data: Any, key: tuple[str, int, int], seed: int, error_rate: float,
+    error_kinds: tuple[str, ...], defers: bool = False,
+) -> NoisyExpertEngine:
+    """The noisy teacher of the episode ``key`` (split, task index, trial): its error, if any,
+    drawn from the episode's seed, so a rerun or a branch of the episode makes the same one."""
+    error = draw_error(episode_seed(seed, key), error_rate, error_kinds)
+    return NoisyExpertEngine(tokenizer, data.task(key[0], key[1]), data.spec.write_tools, error, defers=defers)
+
+
 @dataclass
 class _Seen:
     """What the conversation so far shows."""
@@ -267,14 +277,12 @@ def collect_noisy_demonstrations(
     verifier = RuleVerifier({data.spec.name: data.tools})
 
     async def one(spec: EpisodeSpec) -> Any:
-        seed = episode_seed(cfg.seed, spec.key)
-        error = draw_error(seed, error_rate, error_kinds)
-        with_critic = random.Random(seed + 1).random() < critic_share
-        engine = NoisyExpertEngine(tokenizer, data.task(split, spec.task_index), data.spec.write_tools, error)
+        engine = episode_teacher(tokenizer, data, spec.key, cfg.seed, error_rate, error_kinds)
+        with_critic = random.Random(episode_seed(cfg.seed, spec.key) + 1).random() < critic_share
         runner = EpisodeRunner(checked if with_critic else cfg, data, engine, verifier if with_critic else None)
         traj = await runner.run(spec)
         traj.policy_version = -1  # not produced by any policy version
-        traj.info.update(demonstration=True, teacher_error=error, teacher_critic=with_critic)
+        traj.info.update(demonstration=True, teacher_error=engine.error, teacher_critic=with_critic)
         return traj
 
     async def run_all() -> list[Any]:

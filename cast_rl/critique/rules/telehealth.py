@@ -12,8 +12,9 @@
   schedule and the tool failed to show it (some providers' records break it), the check counts
   as made: nothing more is visible, and the booking tools reject a time the provider does not
   offer.  The tools also reject a change to a completed or cancelled appointment (the only
-  inactive statuses in the data), so an unchecked status or schedule is marked :attr:`~cast_rl.critique.rules.base.Finding.tool_checks` (the
-  labeller drops it when the call goes through).
+  inactive statuses in the data), so an unchecked status or schedule is marked
+  :attr:`~cast_rl.critique.rules.base.Finding.tool_checks` (the labeller drops it when the call
+  goes through).
 """
 
 from __future__ import annotations
