@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +80,17 @@ class MetricsLogger:
         self._run.log({key: wandb.Table(columns=columns, data=rows)}, step=max(self._step - 1, 0))
 
     def finish(self) -> None:
-        if self._run is not None:
-            self._run.finish()
-            self._run = None
+        """Finish the run; an offline run is on disk whole (its exit record written) on return."""
+        if self._run is None:
+            return
+        run_path = self.run_path if self.mode == "offline" else None
+        self._run.finish()
+        self._run = None
+        if run_path is not None:
+            try:
+                read_offline_history(run_path, timeout=30.0)
+            except (OSError, TimeoutError, ValueError) as err:
+                logger.warning("offline W&B run not flushed: %s", err)
 
     def __enter__(self) -> MetricsLogger:
         return self
@@ -95,25 +103,59 @@ def _fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def read_offline_history(run_path: str | Path) -> list[dict[str, Any]]:
+def read_offline_history(run_path: str | Path, timeout: float = 60.0) -> list[dict[str, Any]]:
     """The history rows of an offline W&B run, read back from its ``.wandb`` file.
 
-    The file is W&B's record log: a 7-byte header, then LevelDB-log-style 32 KiB blocks of
-    chunks (4-byte checksum, 2-byte length, 1-byte type: full/first/middle/last), each record a
-    serialized ``wandb_internal_pb2.Record``.
+    ``run.finish()`` can return before wandb-core has flushed the file (the first run of a
+    process often leaves only the header on disk for a moment), so this waits up to ``timeout``
+    seconds for the run's ``exit`` record, the last one W&B writes, and raises ``TimeoutError``
+    naming the file when it never comes.
     """
     import json
+
+    path = _offline_log(run_path)
+    deadline = time.monotonic() + timeout
+    while True:
+        records = list(_offline_records(path))
+        if records and records[-1].WhichOneof("record_type") == "exit":
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"{path} holds no exit record after {timeout:.0f} s: the run is unfinished "
+                "or W&B never flushed it"
+            )
+        time.sleep(0.05)
+    return [
+        {
+            item.key or "/".join(item.nested_key): json.loads(item.value_json)
+            for item in record.history.item
+        }
+        for record in records
+        if record.WhichOneof("record_type") == "history"
+    ]
+
+
+def _offline_log(run_path: str | Path) -> Path:
+    files = sorted(Path(run_path).glob("*.wandb"))
+    if not files:
+        raise FileNotFoundError(f"no .wandb file in {run_path}")
+    return files[0]
+
+
+def _offline_records(path: Path) -> Iterator[Any]:
+    """The records of a W&B record log, as far as they are on disk.
+
+    The file is a 7-byte header, then LevelDB-log-style 32 KiB blocks of chunks (4-byte
+    checksum, 2-byte length, 1-byte type: full/first/middle/last), each record a serialized
+    ``wandb_internal_pb2.Record``; a record cut short at the end of the file is not yielded.
+    """
     import struct
 
     from wandb.proto import wandb_internal_pb2
 
-    files = sorted(Path(run_path).glob("*.wandb"))
-    if not files:
-        raise FileNotFoundError(f"no .wandb file in {run_path}")
-    raw = files[0].read_bytes()
+    raw = path.read_bytes()
     if raw[:4] != b":W&B":
-        raise ValueError(f"{files[0]} is not a W&B record log")
-    rows: list[dict[str, Any]] = []
+        raise ValueError(f"{path} is not a W&B record log")
     pos, pending = 7, b""
     block = 32768
     while pos + 7 <= len(raw):
@@ -121,20 +163,15 @@ def read_offline_history(run_path: str | Path) -> list[dict[str, Any]]:
             pos += block - pos % block
             continue
         _crc, length, kind = struct.unpack("<IHB", raw[pos : pos + 7])
+        if pos + 7 + length > len(raw):
+            return
         chunk = raw[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind == 0 and length == 0:
-            break
+            return
         pending = chunk if kind in (1, 2) else pending + chunk
         if kind not in (1, 4):
             continue
         record = wandb_internal_pb2.Record()
         record.ParseFromString(pending)
-        if record.WhichOneof("record_type") == "history":
-            rows.append(
-                {
-                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                    for item in record.history.item
-                }
-            )
-    return rows
+        yield record
