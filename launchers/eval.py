@@ -33,7 +33,7 @@ from cast_rl.config import to_dict
 from cast_rl.config.args import add_config_arguments, parse_config
 from cast_rl.config.schema import CastConfig
 from cast_rl.critique.service import critic_description
-from cast_rl.envs.setup import episode_units, load_env_data
+from cast_rl.envs.setup import episode_units, load_env_data, unseen_data_dirs
 from cast_rl.eval.critic import labeller_judge
 from cast_rl.eval.report import (
     SAMPLE_COLUMNS,
@@ -115,7 +115,7 @@ def _collect_domain(
     cfg: CastConfig, data: Any, n: int, runs: dict[int, EvalRun], paths: dict[int, Path], group: Any = None
 ) -> None:
     """Run every configuration on one domain through one rollout group (``group`` if given)."""
-    splits = cfg.eval.splits or [cfg.env.split]
+    splits = (cfg.eval.splits or [cfg.env.split]) + list(unseen_data_dirs(cfg))
     units = [u for s in splits for u in episode_units(replace(cfg, env=replace(cfg.env, split=s)), data, trials=n)]
     owned = group is None
     group = group or RolloutGroup(cfg)

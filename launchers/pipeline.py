@@ -25,10 +25,12 @@ from actors.rollout_group import RolloutGroup
 from cast_rl.config import ConfigError
 from cast_rl.config.args import add_config_arguments, parse_config
 from cast_rl.config.schema import PIPELINE_STAGES, CastConfig
-from cast_rl.envs.setup import load_env_data
+from cast_rl.envs.core import DomainData
+from cast_rl.envs.setup import load_env_data, unseen_data_dirs
+from cast_rl.eval.tokenizer_fit import tokenizer_fit
 from cast_rl.models.setup import ensure_policy_model
 from cast_rl.pipeline.context import PipelineContext
-from cast_rl.pipeline.report import headline, write_pipeline_report
+from cast_rl.pipeline.report import STAGE_TAGS, headline, write_pipeline_report
 from launchers.cluster import init_ray
 from launchers.stages import STAGES
 
@@ -63,10 +65,10 @@ def run_pipeline(cfg: CastConfig) -> dict[str, Any]:
         ctx.close()
     report = write_pipeline_report(
         ctx.root,
-        ctx.stage_dir("eval_before") / "report.json" if "eval_before" in summaries else None,
-        ctx.stage_dir("eval_after") / "report.json" if "eval_after" in summaries else None,
+        {stage: ctx.stage_dir(stage) / "report.json" for stage in STAGE_TAGS if stage in summaries},
         ctx.stage_dir("train_critic") / "heldout_metrics.json" if "train_critic" in summaries else None,
         ctx.stage_dir("benefit") / "budgets.json" if "benefit" in summaries else None,
+        tokenizer=_tokenizer_fit(cfg, data, ctx.policy_path),
     )
     result = {
         "run_dir": str(ctx.root),
@@ -81,6 +83,20 @@ def run_pipeline(cfg: CastConfig) -> dict[str, Any]:
     (ctx.root / "pipeline.json").write_text(json.dumps(result, indent=2))
     result["headline"] = headline(json.loads(Path(report["report"]).read_text()))
     return result
+
+
+def _tokenizer_fit(cfg: CastConfig, data: DomainData, policy: Path) -> dict[str, Any] | None:
+    """Tokens per character of the training database's text and of each unseen database's
+    (:mod:`cast_rl.eval.tokenizer_fit`); None without unseen databases."""
+    unseen = unseen_data_dirs(cfg)
+    if not unseen:
+        return None
+    from transformers import AutoTokenizer
+
+    root = data.data_dir
+    train = [root / "db", root / f"tasks_{cfg.pipeline.train_split}.json"]
+    return tokenizer_fit(AutoTokenizer.from_pretrained(policy), train,
+                         {split: [path / "db", path / f"tasks_{split}.json"] for split, path in unseen.items()})
 
 
 def actor_parts(cfg: CastConfig) -> tuple[str, ...]:

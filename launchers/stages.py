@@ -50,7 +50,7 @@ from cast_rl.learner.critique_samples import (
     supervised_from_parquet,
 )
 from cast_rl.learner.sample import Sample
-from cast_rl.models.setup import ensure_model
+from cast_rl.models.setup import ensure_model, training_corpus
 from cast_rl.pipeline.context import PipelineContext
 from cast_rl.records import Trajectory, read_trajectories, write_trajectories
 from cast_rl.rollout.demonstrations import collect_demonstrations
@@ -203,6 +203,19 @@ def eval_after(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     return _evaluate(ctx, out, "eval_after", budgets=ctx.eval_budgets())
 
 
+def eval_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
+    """The policy before optimisation with the critic train_critic trained in the loop (the
+    budgets > 0 of ``eval.verification_budgets``): beside 01_eval_before's configurations, what
+    the trained critic adds before any policy training."""
+    if ctx.critic_config().backend != "trained":
+        raise ValueError("stage eval_critic evaluates the trained critic: set critic.backend=trained "
+                         "and run train_critic first")
+    budgets = [b for b in ctx.cfg.eval.verification_budgets if b > 0]
+    if not budgets:
+        return {"skipped": "eval.verification_budgets has no budget > 0"}
+    return _evaluate(ctx, out, "eval_critic", budgets=budgets)
+
+
 def collect(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     trajs = _collect(ctx, out, budget=0)
     with _metrics(ctx, "collect") as log:
@@ -212,6 +225,12 @@ def collect(ctx: PipelineContext, out: Path) -> dict[str, Any]:
 
 def label(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     source = ctx.stage_dir("collect") / "trajectories.jsonl"
+    demos = ctx.stage_dir("warmstart") / "demonstrations.jsonl"
+    if ctx.cfg.pipeline.label_demonstrations and demos.exists():
+        # the teacher's trajectories too (the paper's step 1), after the collected ones: the
+        # labels' trajectory_index is the position in this stage's trajectories.jsonl
+        write_trajectories(out / "trajectories.jsonl", read_trajectories(source) + read_trajectories(demos))
+        source = out / "trajectories.jsonl"
     labels, trajectories, labeller = label_file(ctx.data, source, out / "labels.jsonl")
     metrics = labeller.stats.metrics()
     # Failures the labels do not explain (no invalid action ran): listed for a person to read.
@@ -246,6 +265,12 @@ async def _teacher_rewrite(ctx: PipelineContext, labels: list, trajectories: lis
     return await rewrite_labels(ctx.cfg.teacher, ctx.data, labels, trajectories, seed=ctx.cfg.seed)
 
 
+def labelled_trajectories(ctx: PipelineContext) -> Path:
+    """The trajectories stage label labelled, in the order its labels index them."""
+    own = ctx.stage_dir("label") / "trajectories.jsonl"
+    return own if own.exists() else ctx.stage_dir("collect") / "trajectories.jsonl"
+
+
 def critic_data(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     drop: set[tuple[int, int]] = set()
     if ctx.cfg.pipeline.critic_data_blame == "filter":
@@ -253,8 +278,9 @@ def critic_data(ctx: PipelineContext, out: Path) -> dict[str, Any]:
         checked, confirmed = confirmed_keys(ctx.stage_dir("label") / "blame.jsonl")
         drop = checked - confirmed  # invalid labels the counterfactual did not bear out
     return build_critic_data(
-        ctx.stage_dir("label") / "labels.jsonl", ctx.stage_dir("collect") / "trajectories.jsonl",
+        ctx.stage_dir("label") / "labels.jsonl", labelled_trajectories(ctx),
         out, heldout_fraction=ctx.cfg.pipeline.critic_heldout_fraction, seed=ctx.cfg.seed, drop_from_train=drop,
+        valid_answer=ctx.cfg.pipeline.critic_valid_answer,
     )
 
 
@@ -264,7 +290,7 @@ def train_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     cfg = ctx.cfg
     if cfg.pipeline.critic_train_steps == 0:
         return {"skipped": "pipeline.critic_train_steps=0", "critic": cfg.critic.backend}
-    base = ensure_model(cfg.critic.model, [ctx.data.data_dir])
+    base = ensure_model(cfg.critic.model, training_corpus(cfg, ctx.data))
     samples = supervised_from_parquet(ctx.stage_dir("critic_data") / "train.parquet", AutoTokenizer.from_pretrained(base))
     learner = _learner(ctx, cfg.pipeline.critic_lr, model_path=base)
     with _metrics(ctx, "train_critic") as log:
@@ -414,6 +440,7 @@ def optimise(ctx: PipelineContext, out: Path) -> dict[str, Any]:
                     losses = train_supervised(learner, samples, cfg.pipeline.sft_steps,
                                               cfg.learner.global_batch_size, log, "sft", cfg.learner.seed)
                     summary["sft_loss_first"], summary["sft_loss_last"] = losses[0], losses[-1]
+                    summary["sft_steps"] = len(losses)
                     ctx.sync_policy(*learner.publish_weights())
                 else:
                     logger.warning("optimise: no %s samples in the collected trajectories", "/".join(sft_kinds))
@@ -427,6 +454,7 @@ def optimise(ctx: PipelineContext, out: Path) -> dict[str, Any]:
                                    lambda: _learner(ctx, cfg.learner.lr), learner=learner, resume=False)
                 learner = run.loop.learner  # the supervisor may have rebuilt the group
                 summary["grpo_steps"] = run.loop.state.step
+                summary["grpo_episodes"] = int(sum(h.get("train/episodes", 0) for h in run.history))
                 summary["verification_budget"] = budget
                 summary["learner_restarts"] = len(run.failures)
                 for key in ("train/reward_mean", "rollout/critique_rounds", "rollout/zero_variance_group_frac"):
@@ -438,6 +466,59 @@ def optimise(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     summary["model"] = str(model)
     summary["policy_version"] = ctx.policy_version
     return summary
+
+
+def optimise_rft(ctx: PipelineContext, out: Path) -> dict[str, Any]:
+    """The paper's baseline beside CAST, at CAST's cost: rejection-sampling fine-tuning.
+
+    From the policy CAST's optimisation started from (the warm-start's model), with no critic
+    anywhere: the episodes of 02_collect plus as many more critic-free episodes of the same
+    training tasks as CAST collected after it (06_collect_with_critic's and the GRPO steps'), so
+    both arms see equal collection episodes; then ``rft`` samples only (successes, loss on every
+    policy turn) for as many optimizer steps as CAST took (``pipeline.sft_steps`` plus its GRPO
+    steps), same learning rate and batch.  Needs optimise to have run (it sets the cost)."""
+    cast = ctx.done("optimise")
+    if cast is None:
+        raise ValueError("stage optimise_rft matches optimise's cost: run optimise first")
+    start = Path((ctx.done("warmstart") or {}).get("model") or ctx.cfg.policy.path)
+    after_collect = (ctx.done("collect_with_critic") or {}).get("episodes", 0) + cast.get("grpo_episodes", 0)
+    steps = (cast.get("sft_steps") or 0) + cast.get("grpo_steps", 0)
+    ctx.policy_moved(start)  # the shared group serves the starting policy again
+    cfg = ctx.train_cfg()
+    units = episode_units(cfg, ctx.data, trials=cfg.pipeline.collect_trials)
+    rounds = -(-after_collect // max(len(units), 1))  # whole passes over the training tasks
+    extra_units = [(s, i, t + cfg.pipeline.collect_trials * (r + 1)) for r in range(rounds)
+                   for s, i, t in units][:after_collect]
+    group = ctx.rollout_group()
+    group.set_verification_budget(0)
+    with tqdm(total=len(extra_units), desc="collect (RFT arm, no critic)", unit="episode") as bar:
+        extra = group.collect(extra_units, on_done=lambda _: bar.update(1))
+    write_trajectories(out / "trajectories.jsonl", extra)
+    collected = read_trajectories(ctx.stage_dir("collect") / "trajectories.jsonl") + extra
+    rft_cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, samples=["rft"]))
+    samples = build_samples(collected, rft_cfg, "rft")
+    learner = _learner(ctx, cfg.learner.lr, model_path=start)
+    try:
+        with _metrics(ctx, "optimise_rft") as log:
+            losses = train_supervised(learner, samples, steps, cfg.learner.global_batch_size, log, "rft",
+                                      cfg.learner.seed) if steps else []
+        ctx.sync_policy(*learner.publish_weights())
+        model = learner.save_hf(out / "model")
+    finally:
+        learner.shutdown()
+    ctx.policy_path = model  # the rollout group serves these weights (eval_rft evaluates them)
+    return {"model": str(model), "started_from": str(start), "episodes": len(collected),
+            "cast_episodes": (ctx.done("collect") or {}).get("episodes", 0) + after_collect,
+            "rft_samples": len(samples), "steps": steps, "cast_steps": steps,
+            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None}
+
+
+def eval_rft(ctx: PipelineContext, out: Path) -> dict[str, Any]:
+    """pass^k of the RFT arm's policy without the critic (``eval.verification_budgets`` 0):
+    the report pairs it with CAST's after-training configuration, task by task."""
+    if ctx.done("optimise_rft") is None:
+        raise ValueError("stage eval_rft evaluates optimise_rft's policy: run optimise_rft first")
+    return _evaluate(ctx, out, "eval_rft", budgets=[0])
 
 
 class _VersionedCollector:
@@ -461,8 +542,11 @@ STAGES: dict[str, Callable[[PipelineContext, Path], dict[str, Any]]] = {
     "label": label,
     "critic_data": critic_data,
     "train_critic": train_critic,
+    "eval_critic": eval_critic,
     "benefit": benefit,
     "collect_with_critic": collect_with_critic,
     "optimise": optimise,
     "eval_after": eval_after,
+    "optimise_rft": optimise_rft,
+    "eval_rft": eval_rft,
 }

@@ -47,6 +47,7 @@ def _build(args: argparse.Namespace) -> int:
     summary = build_critic_data(
         args.labels, args.trajectories, args.out,
         heldout_fraction=cfg.pipeline.critic_heldout_fraction, seed=cfg.seed,
+        valid_answer=cfg.pipeline.critic_valid_answer,
     )
     print(json.dumps(summary, indent=2))
     return 0

@@ -73,6 +73,10 @@ class TinyConfig:
     policy) becomes one token of its own, e.g. ``'#W\\d{7}'`` for retail order ids.  A model
     trained from scratch then copies an identifier the user or a tool gave as one token instead
     of a run of digit pieces (the skill pretraining gives real models)."""
+    split_digits: bool = False
+    """Pre-tokenize every digit as a token of its own, as Qwen's and LLaMA's tokenizers do: no
+    merge holds one database's ids, prices or zip codes, so a database the tokenizer never saw
+    tokenizes as compactly as its training text (``tokens per character`` in the report)."""
     freeze_whole_tokens: bool = True
     """Keep the random embeddings of the ``whole_tokens`` fixed through all training (listed as
     ``frozen_token_ids`` in the model's config.json; the learner restores them after each step).
@@ -279,6 +283,10 @@ class CriticConfig:
         default_factory=lambda: InferenceConfig(temperature=0.0, max_new_tokens=128)
     )
     """For backend=model or trained: the engine serving the critic."""
+    structured: bool = True
+    """For backend=model or trained: decode the critic's answer constrained to its format
+    (structured decoding of cast_rl.critique.rationale.CRITIQUE_REGEX): every answer parses and
+    its verdict agrees with its error type; False samples freely (an answer may be unparsable)."""
     on_unparsable: str = "allow"
     """What an answer the critic's output could not be read as does to the proposal: allow (it
     runs, as with no critic) or reject (sent back for revision like an invalid verdict). Either
@@ -650,6 +658,13 @@ class EvalConfig:
     in_domain: list[str] = field(default_factory=lambda: ["retail"])
     """Domains the evaluated policy trained on: the report marks each domain in- or
     out-of-domain (the paper trains on retail)."""
+    unseen_seeds: list[int] = field(default_factory=list)
+    """Generated retail (env.data_dir empty) only: also evaluate on databases generated with these
+    seeds, which nothing in training reads (not the tokenizer, not a demonstration, not a
+    collection): split ``unseen-<seed>`` each, pooled as ``retail/unseen`` in the report.  Must
+    be disjoint from env.generated_seed."""
+    unseen_tasks: int = 24
+    """Tasks generated per unseen database, all evaluated (env.task_indices does not apply)."""
 
     def __post_init__(self) -> None:
         if self.trials is not None:
@@ -672,20 +687,31 @@ class EvalConfig:
             )
         for domain in self.domains:
             _check_choice("eval.domains[]", domain, DOMAIN_NAMES)
+        _check_positive("eval.unseen_tasks", self.unseen_tasks)
+        if self.unseen_seeds and self.domains:
+            raise ValueError(f"eval.unseen_seeds={self.unseen_seeds} is not allowed with eval.domains={self.domains}: "
+                             "unseen databases are generated retail; evaluate the benchmark domains as they are")
+        if len(set(self.unseen_seeds)) != len(self.unseen_seeds):
+            raise ValueError(f"eval.unseen_seeds={self.unseen_seeds} is not allowed; list each seed once")
         if self.domains and not self.data_root:
             raise ValueError("eval.data_root='' is not allowed with eval.domains; give the directory holding <domain>/ data")
 
 
 PIPELINE_STAGES = (
-    "warmstart", "eval_before", "collect", "label", "critic_data", "train_critic", "benefit",
-    "collect_with_critic", "optimise", "eval_after",
+    "warmstart", "eval_before", "collect", "label", "critic_data", "train_critic", "eval_critic", "benefit",
+    "collect_with_critic", "optimise", "eval_after", "optimise_rft", "eval_rft",
 )
 """Every stage, in the order the pipeline runs them."""
-OPTIONAL_STAGES = ("benefit",)
-"""Stages that run only when ``pipeline.stages`` lists them (the default list leaves them out)."""
+OPTIONAL_STAGES = ("eval_critic", "benefit", "optimise_rft", "eval_rft")
+"""Stages that run only when ``pipeline.stages`` lists them (the default list leaves them out):
+the starting policy with the trained critic in the loop, the critic's net benefit, and the RFT
+arm (rejection-sampling fine-tuning at CAST's cost, then its evaluation)."""
 STAGE_DIRS = {
     **{stage: f"{i:02d}_{stage}" for i, stage in enumerate(s for s in PIPELINE_STAGES if s not in OPTIONAL_STAGES)},
+    "eval_critic": "05a_eval_critic",
     "benefit": "05b_benefit",
+    "optimise_rft": "08a_optimise_rft",
+    "eval_rft": "08b_eval_rft",
 }
 """Each stage's directory under ``run_dir``: numbered in run order; an optional stage takes its
 predecessor's number and a letter, so adding one leaves the other stages' directories (and the
@@ -698,7 +724,8 @@ class PipelineConfig:
 
     stages: list[str] = field(default_factory=lambda: [s for s in PIPELINE_STAGES if s not in OPTIONAL_STAGES])
     """Stages to run, in pipeline order; a stage whose outputs exist is skipped.  The default is
-    every stage but the optional ``benefit`` (the critic's net benefit and the budget chosen)."""
+    every stage but the optional ones (:data:`OPTIONAL_STAGES`: eval_critic, benefit,
+    optimise_rft and eval_rft)."""
     warmstart_epochs: int = 0
     """Supervised epochs on expert demonstrations of env.train_split before anything else
     (the embedded default's tiny policy needs them; 0 skips the warm-start)."""
@@ -713,7 +740,8 @@ class PipelineConfig:
     """Supervised steps of the critic model on the critic dataset (0 skips critic training;
     the rule-based critic then serves the loop unless critic.backend=model)."""
     collect_budget: int = 1
-    """Verification budget of the collect_with_critic stage (and of optimise's collection)."""
+    """Verification budget of the collect_with_critic stage (and of optimise's collection); 0
+    collects without the critic (e.g. outcome GRPO as a baseline)."""
     use_chosen_budget: bool = False
     """Replace collect_budget by the budget stage benefit chose (its DONE.json), and add that
     budget to eval.verification_budgets in eval_after; needs benefit in stages or run before."""
@@ -741,6 +769,13 @@ class PipelineConfig:
     so the policy also sees critiques and the corrected step."""
     critic_lr: float = 1e-4
     """Learning rate of critic training."""
+    critic_valid_answer: str = "full"
+    """The critic's training answer for a valid action: full (the whole format) or verdict (the
+    VERDICT and ERROR lines alone: parsed the same, a tenth of the tokens to serve;
+    cast_rl.critique.datasets.VALID_ANSWERS)."""
+    label_demonstrations: bool = False
+    """Stage label also labels the warm-start's demonstrations (the teacher's trajectories, the
+    paper's step 1), after 02_collect's, so the critic trains on both (``03_label/trajectories.jsonl``)."""
     critic_heldout_fraction: float = 0.2
     """Share of the labelled trajectories stage critic_data (and ``cast-rl critic build-data``)
     holds out of critic training, split by trajectory with the run's seed."""
@@ -785,6 +820,10 @@ class PipelineConfig:
     def __post_init__(self) -> None:
         for stage in self.stages:
             _check_choice("pipeline.stages[]", stage, PIPELINE_STAGES)
+        for stage, needs in (("optimise_rft", "optimise"), ("eval_rft", "optimise_rft")):
+            if stage in self.stages and needs not in self.stages:
+                raise ValueError(f"pipeline.stages={self.stages} is not allowed: {stage} needs {needs} in the "
+                                 "same list (the RFT arm matches CAST's optimisation cost)")
         _check_positive("pipeline.blame_k", self.blame_k, allow_zero=True)
         _check_choice("pipeline.critic_data_blame", self.critic_data_blame, ("off", "filter"))
         if self.critic_data_blame == "filter" and not self.blame_k:
@@ -795,7 +834,7 @@ class PipelineConfig:
         if self.train_tasks is not None:
             _check_positive("pipeline.train_tasks", self.train_tasks)
         _check_positive("pipeline.critic_train_steps", self.critic_train_steps, allow_zero=True)
-        _check_positive("pipeline.collect_budget", self.collect_budget)
+        _check_positive("pipeline.collect_budget", self.collect_budget, allow_zero=True)
         users = [s for s in ("collect_with_critic", "optimise", "eval_after") if s in self.stages]
         if self.use_chosen_budget and not users:
             raise ValueError(f"pipeline.use_chosen_budget=True is not allowed with pipeline.stages={self.stages}: "
@@ -812,6 +851,7 @@ class PipelineConfig:
             _check_choice("pipeline.warmstart_errors[]", kind,
                           ("missing_confirmation", "wrong_argument", "fabricated_id"))
         _check_positive("pipeline.critic_lr", self.critic_lr)
+        _check_choice("pipeline.critic_valid_answer", self.critic_valid_answer, ("full", "verdict"))
         if not 0.0 <= self.critic_heldout_fraction < 1.0:
             raise ValueError(f"pipeline.critic_heldout_fraction={self.critic_heldout_fraction!r} is not "
                              "allowed; it must be in [0, 1)")
@@ -882,6 +922,16 @@ class CastConfig:
             raise ValueError(
                 "critic.backend='trained' is not allowed with pipeline.critic_train_steps=0: no critic "
                 "is trained; set pipeline.critic_train_steps > 0 or choose critic.backend=rule or model"
+            )
+        if self.eval.unseen_seeds and self.env.data_dir:
+            raise ValueError(
+                f"eval.unseen_seeds={self.eval.unseen_seeds} is not allowed with env.data_dir="
+                f"{self.env.data_dir!r}: unseen databases are generated retail; leave env.data_dir empty"
+            )
+        if self.env.generated_seed in self.eval.unseen_seeds:
+            raise ValueError(
+                f"eval.unseen_seeds={self.eval.unseen_seeds} is not allowed with env.generated_seed="
+                f"{self.env.generated_seed}: training reads that database, so it is not unseen"
             )
         n = self.rollout.trials_per_task if self.eval.trials is None else self.eval.trials
         if self.eval.k_values and max(self.eval.k_values) > n:

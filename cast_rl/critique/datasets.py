@@ -106,10 +106,19 @@ def request_for(trajectory: Trajectory, message_index: int, action: dict[str, An
     return VerifyRequest(trajectory.domain, str(policy), messages[:message_index], action)
 
 
+VALID_ANSWERS = ("full", "verdict")
+"""How a valid action's completion reads (``pipeline.critic_valid_answer``): ``full``, the whole
+format (its explanation is the labeller's template, which says nothing the verdict does not), or
+``verdict``, the VERDICT and ERROR lines alone, which :func:`~cast_rl.critique.rationale.parse_critique`
+reads the same and a served critic writes in a tenth of the tokens (most actions are valid)."""
+
+
 def examples_from_labels(
-    labels: list[dict[str, Any]], trajectories: list[Trajectory]
+    labels: list[dict[str, Any]], trajectories: list[Trajectory], valid_answer: str = "full",
 ) -> tuple[list[Example], int]:
     """(examples, labels skipped because their rationale was dropped)."""
+    if valid_answer not in VALID_ANSWERS:
+        raise ValueError(f"valid_answer={valid_answer!r} is not allowed; choose one of {VALID_ANSWERS}")
     examples, skipped = [], 0
     for label in labels:
         t_index, m_index = label["trajectory_index"], label["message_index"]
@@ -122,7 +131,9 @@ def examples_from_labels(
         if label["rationale"] is None:
             skipped += 1
             continue
-        completion = format_critique(Rationale.from_json(label["rationale"]))
+        rationale = Rationale.from_json(label["rationale"])
+        completion = ("VERDICT: valid\nERROR: none" if valid_answer == "verdict" and rationale.verdict == "valid"
+                      else format_critique(rationale))
         examples.append(Example(
             request_for(trajectory, m_index, label["action"]), completion, label["verdict"],
             label["error_type"], t_index, m_index,
@@ -154,6 +165,7 @@ def build_critic_data(
     heldout_fraction: float = 0.2,
     seed: int = 0,
     drop_from_train: set[tuple[int, int]] | frozenset[tuple[int, int]] = frozenset(),
+    valid_answer: str = "full",
 ) -> dict[str, Any]:
     """Write ``train.parquet`` and ``heldout.parquet``; returns counts for a summary.
 
@@ -168,7 +180,7 @@ def build_critic_data(
         raise ValueError(f"heldout_fraction={heldout_fraction} is not allowed; use 0 <= f < 1")
     labels = read_labels(labels_path)
     trajectories = read_trajectories(trajectories_path)
-    examples, skipped = examples_from_labels(labels, trajectories)
+    examples, skipped = examples_from_labels(labels, trajectories, valid_answer)
     rng = random.Random(seed)
     splits = {
         "train": [e for e in examples if not _heldout(e.trajectory_index, heldout_fraction, seed)

@@ -158,6 +158,15 @@ def format_critique(rationale: Rationale) -> str:
     return "\n".join(lines)
 
 
+CRITIQUE_REGEX = (
+    r"VERDICT: (valid\nERROR: none|invalid\nERROR: (hallucination|policy_violation|wrong_tool_usage))"
+    r"(\nCLAUSE: [^\n]*)?(\nEVIDENCE: (policy|[0-9]+) [^\n]*)*(\nEXPLANATION: [^\n]*)?(\nFIX: [^\n]*)?"
+)
+"""The fixed format as a regular expression, for structured decoding of a critic model's answer
+(``critic.structured``): the verdict and an error type that agrees with it come first, then the
+optional fields in order, each on one line, so every answer :func:`parse_critique` reads."""
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 

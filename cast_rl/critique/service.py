@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cast_rl.config.schema import CriticConfig
+from cast_rl.critique.rationale import CRITIQUE_REGEX
 from cast_rl.critique.verifier import Critique, ModelVerifier, RuleVerifier, Verifier, VerifyRequest
 from cast_rl.inference import build_engine
 from cast_rl.inference.base import Sampling
@@ -53,6 +54,7 @@ def _model(cfg: CriticConfig, tools: dict[str, list[dict[str, Any]]] | None, eng
         temperature=cfg.inference.temperature,
         top_p=cfg.inference.top_p,
         logprobs=False,
+        regex=CRITIQUE_REGEX if cfg.structured else None,
     )
     return ModelVerifier(engine, sampling, max_prompt_chars=cfg.max_prompt_chars, name=cfg.model.path)
 

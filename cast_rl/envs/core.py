@@ -78,17 +78,39 @@ class DomainData:
     _tasks: dict[str, tuple[Task, ...]] = field(default_factory=dict, repr=False)
     _gold: dict[tuple[str, int], tuple[Any, Database]] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _linked: dict[str, DomainData] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.tool_map: dict[str, type] = self.spec.tool_map
 
     @property
     def splits(self) -> list[str]:
-        """Splits that have a tasks_<split>.json file."""
-        return sorted(p.stem.removeprefix("tasks_") for p in self.data_dir.glob("tasks_*.json"))
+        """Splits that have a tasks_<split>.json file, then the linked ones (:meth:`link_split`)."""
+        own = sorted(p.stem.removeprefix("tasks_") for p in self.data_dir.glob("tasks_*.json"))
+        return own + sorted(self._linked)
+
+    def link_split(self, split: str, other: DomainData) -> None:
+        """Serve ``other``'s split ``split`` as a split of this data: its tasks run on ``other``'s
+        database (e.g. a database generated with a seed training never read, evaluated by the
+        same workers).  The two must agree on domain, policy and tools, since an episode shows
+        this data's policy and tool list."""
+        for name, mine, theirs in (("domain", self.domain, other.domain), ("policy", self.policy, other.policy),
+                                   ("tools", self.tools, other.tools)):
+            if mine != theirs:
+                raise ValueError(f"split {split!r} of {other.data_dir} cannot be linked to {self.data_dir}: "
+                                 f"their {name} differ")
+        if split not in other.splits or split in self.splits:
+            raise ValueError(f"split {split!r}: {other.data_dir} must hold it and {self.data_dir} must not")
+        self._linked[split] = other
+
+    def for_split(self, split: str) -> DomainData:
+        """The data whose database ``split``'s tasks run on: this one, or a linked one."""
+        return self._linked.get(split, self)
 
     def tasks(self, split: str) -> tuple[Task, ...]:
         """The split's tasks, read on first use."""
+        if split in self._linked:
+            return self._linked[split].tasks(split)
         if split not in self._tasks:
             path = self.data_dir / f"tasks_{split}.json"
             if not path.is_file():
@@ -112,6 +134,8 @@ class DomainData:
 
     def gold_db(self, split: str, task_index: int) -> Database:
         """The database after the task's gold actions, terminate tools skipped (cached)."""
+        if split in self._linked:
+            return self._linked[split].gold_db(split, task_index)
         # With the wall clock a tool may write today's date, so a cached replay expires daily.
         stamp = self.db.clock().date() if self.wall_clock else None
         cached = self._gold.get((split, task_index))
@@ -240,14 +264,14 @@ class ToolEnv:
         max_steps: int | None = 30,
         tool_timeout_s: float = 10.0,
     ) -> None:
-        self.data = data
+        self.data = data.for_split(split)
         self.split = split
         self.task_index = task_index
-        self.task: Task = data.task(split, task_index)
+        self.task: Task = self.data.task(split, task_index)
         self.max_steps = max_steps
         """Agent actions before the episode ends with reward 0; None means no limit."""
         self.tool_timeout_s = tool_timeout_s
-        self.db: Database = data.db.fork()
+        self.db: Database = self.data.db.fork()
         self.actions: list[Action] = []
         self.done = False
         self.last_reward = 0.0

@@ -259,24 +259,23 @@ def _dump(path: Path, obj: Any) -> None:
 
 def write_retail(
     out: str | Path, seed: int, num_tasks: int, kinds: tuple[str, ...] = KINDS, compact: bool = False,
-    auth: str = "either",
+    auth: str = "either", split: str | None = None,
 ) -> dict[str, int]:
-    """Generate and write a data directory; returns counts for a summary line."""
+    """Generate and write a data directory; returns counts for a summary line.
+
+    ``split`` names one split that gets every task (``tasks_<split>.json``), e.g. the
+    ``unseen-<seed>`` split of a database only evaluation reads; None writes train and test.
+    """
     out = Path(out)
     db, tasks, policy, tools = generate_retail(seed, num_tasks, kinds, compact, auth)
     (out / "db").mkdir(parents=True, exist_ok=True)
     for name, table in db.items():
         _dump(out / "db" / f"{name}.json", table)
-    train, test = split_tasks(tasks)
-    _dump(out / "tasks_train.json", [t.to_json() for t in train])
-    _dump(out / "tasks_test.json", [t.to_json() for t in test])
+    splits = {split: tasks} if split else dict(zip(("train", "test"), split_tasks(tasks), strict=True))
+    for name, part in splits.items():
+        _dump(out / f"tasks_{name}.json", [t.to_json() for t in part])
     (out / "policy.md").write_text(policy, encoding="utf-8")
     _dump(out / "tools.json", tools)
-    return {
-        "users": len(db["users"]),
-        "orders": len(db["orders"]),
-        "products": len(db["products"]),
-        "train": len(train),
-        "test": len(test),
-    }
+    counts = {"users": len(db["users"]), "orders": len(db["orders"]), "products": len(db["products"])}
+    return {**counts, **{name: len(part) for name, part in splits.items()}}
 

@@ -33,7 +33,10 @@ JSON report schema (``schema_version`` 1)::
               "pass^k_ci": {"pass^1": [0.27, 0.53], ...},   # 95% interval, bootstrap over tasks
               "pass^k_mdd": {"pass^1": 0.21, ...},        # minimum detectable difference | null
               "task_successes": {"0": 3, "1": 0, ...}    # successes of each task out of n
-            }
+            },
+            "retail/unseen": {...,               # every unseen database (eval.unseen_seeds)
+              "databases": ["unseen-1000", ...], # pooled; tasks keyed "unseen-1000/3"; with two
+            }                                    # or more, each also has its own group
           },
           "overall": {"tasks", "n", "success_rate", "pass^k", "pass^k_ci"},   # two or more groups:
                                                  # every task pooled (absent when their n differ)
@@ -73,6 +76,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cast_rl.envs.setup import is_unseen
 from cast_rl.eval.critic import Judge, critic_metrics
 from cast_rl.eval.passk import TrialResult, as_keys, group_rewards, is_success, passk
 from cast_rl.eval.plots import group_keys, write_plots
@@ -142,23 +146,16 @@ def _configuration(
         raise ValueError(f"configuration {run.name} has no trajectories")
     results = [TrialResult(t.task_index, t.trial, t.reward, t.domain, t.split) for t in run.trajectories]
     groups: dict[str, Any] = {}
+    unseen: dict[str, dict[Any, list[float]]] = {}
     for (domain, split), tasks in sorted(group_rewards(results).items()):
-        rewards = [r for task in tasks.values() for r in task]
-        table = passk(tasks, k_values)
-        n = len(next(iter(tasks.values())))
-        successes = {str(task): sum(map(is_success, tasks[task])) for task in sorted(tasks, key=_task_order)}
-        groups[f"{domain}/{split}"] = {
-            "domain": domain,
-            "split": split,
-            "tasks": len(tasks),
-            "n": n,
-            "reward_mean": sum(rewards) / len(rewards),
-            "success_rate": sum(map(is_success, rewards)) / len(rewards),
-            "pass^k": as_keys(table),
-            "pass^k_ci": passk_interval(list(successes.values()), n, list(table)),
-            "pass^k_mdd": passk_mdd(list(successes.values()), n, list(table)),
-            "task_successes": successes,
-        }
+        if is_unseen(split):  # pooled below: one group of every unseen database of the domain
+            unseen.setdefault(domain, {}).update({f"{split}/{task}": rewards for task, rewards in tasks.items()})
+            if len([s for d, s in group_rewards(results) if d == domain and is_unseen(s)]) == 1:
+                continue
+        groups[f"{domain}/{split}"] = _group(domain, split, tasks, k_values)
+    for domain, tasks in unseen.items():
+        groups[f"{domain}/unseen"] = _group(domain, "unseen", tasks, k_values)
+        groups[f"{domain}/unseen"]["databases"] = sorted({key.rsplit("/", 1)[0] for key in tasks})
     if in_domain is not None:
         for group in groups.values():
             group["in_domain"] = group["domain"] in in_domain
@@ -173,6 +170,25 @@ def _configuration(
         "groups": groups,
         "critic": critic_metrics(run.trajectories, run.verification_budget, run.critiques, judge, run.unparsable),
         "cost": _cost(run.trajectories),
+    }
+
+
+def _group(domain: str, split: str, tasks: dict[Any, list[float]], k_values: list[int] | None) -> dict[str, Any]:
+    rewards = [r for task in tasks.values() for r in task]
+    table = passk(tasks, k_values)
+    n = len(next(iter(tasks.values())))
+    successes = {str(task): sum(map(is_success, tasks[task])) for task in sorted(tasks, key=_task_order)}
+    return {
+        "domain": domain,
+        "split": split,
+        "tasks": len(tasks),
+        "n": n,
+        "reward_mean": sum(rewards) / len(rewards),
+        "success_rate": sum(map(is_success, rewards)) / len(rewards),
+        "pass^k": as_keys(table),
+        "pass^k_ci": passk_interval(list(successes.values()), n, list(table)),
+        "pass^k_mdd": passk_mdd(list(successes.values()), n, list(table)),
+        "task_successes": successes,
     }
 
 

@@ -190,14 +190,15 @@ def interval_metadata() -> dict[str, Any]:
 
 
 def stage_comparisons(configurations: list[dict[str, Any]], later: str = "after", earlier: str = "before",
-                      ) -> list[dict[str, Any]]:
+                      kind: str | None = None) -> list[dict[str, Any]]:
     """Each ``later`` configuration minus the ``earlier`` one of the same name (``after_no_critic``
-    minus ``before_no_critic``, ...), as the pipeline report names them."""
+    minus ``before_no_critic``, ...), as the pipeline report names them; ``kind`` (default
+    ``"<later> - <earlier>"``) names the comparison, e.g. ``CAST - RFT``."""
     by_name = {c["name"]: c for c in configurations}
     out = []
     for c in configurations:
         if c.get("stage") == later:
             base = by_name.get(earlier + c["name"].removeprefix(later))
             if base is not None:
-                out += compare_configurations(c, base, f"{later} - {earlier}")
+                out += compare_configurations(c, base, kind or f"{later} - {earlier}")
     return out

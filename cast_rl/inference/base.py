@@ -30,6 +30,9 @@ class Sampling:
     logprobs: bool = True
     ignore_eos: bool = False
     """Generate exactly max_new_tokens (benchmarks)."""
+    regex: str | None = None
+    """Constrain the completion to this regular expression (structured decoding: vLLM's
+    structured outputs, also through an OpenAI-compatible vLLM server)."""
 
 
 @dataclass

@@ -101,6 +101,8 @@ class OpenAIEngine:
             args["seed"] = sampling.seed
         if sampling.stop:
             args["stop"] = list(sampling.stop)
+        if sampling.regex:  # vLLM's OpenAI-compatible server: structured outputs in the extra body
+            args["extra_body"] = {"structured_outputs": {"regex": sampling.regex}}
         return args
 
     async def chat(
@@ -114,7 +116,7 @@ class OpenAIEngine:
         if tools:
             args["tools"] = tools
         if sampling.ignore_eos:
-            args["extra_body"] = {"ignore_eos": True}
+            args["extra_body"] = {**args.get("extra_body", {}), "ignore_eos": True}
         response = await self._call(
             "chat completion",
             self._client.chat.completions.create(model=self.model_path, messages=messages, **args),  # type: ignore[arg-type]

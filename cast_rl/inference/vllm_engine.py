@@ -91,7 +91,7 @@ class VLLMEngine:
 
     async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         params = SamplingParams(
             max_tokens=sampling.max_new_tokens,
@@ -107,6 +107,7 @@ class VLLMEngine:
             # is decoded once below).
             output_kind=RequestOutputKind.FINAL_ONLY,
             detokenize=bool(sampling.stop),
+            structured_outputs=StructuredOutputsParams(regex=sampling.regex) if sampling.regex else None,
         )
         request_id = f"req-{next(self._ids)}"
         try:
@@ -149,9 +150,10 @@ class VLLMEngine:
         )
         ids = self.tokenizer(text, add_special_tokens=False).input_ids
         completion = await self.generate(ids, sampling)
-        eos = self.tokenizer.eos_token
-        if eos and completion.text.endswith(eos):
-            completion.text = completion.text[: -len(eos)]
+        # the message ends at the stop token, whichever one ended it (eos, or a pad/end-of-text
+        # token the model's generation config also stops on)
+        if completion.token_ids and completion.token_ids[-1] in self.tokenizer.all_special_ids:
+            completion.text = self.tokenizer.decode(completion.token_ids[:-1], skip_special_tokens=False)
         return completion
 
     async def load_weights(self, state: dict[str, Any]) -> None:

@@ -67,17 +67,21 @@ def chat_template() -> str:
 
 def train_tokenizer(
     corpus: list[str], vocab_size: int, whole_tokens: list[str] = (), extra_tokens: list[str] = (),
+    split_digits: bool = False,
 ):  # -> PreTrainedTokenizerFast
     """A byte-level BPE tokenizer with Qwen-style special tokens and our chat template.
 
     Every match of a ``whole_tokens`` pattern in the corpus, and every string of
     ``extra_tokens``, is added as a token of its own (ordinary, not special: it decodes like text).
+    ``split_digits`` pre-tokenizes each digit alone (``model.tiny.split_digits``).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                         if split_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -132,7 +136,7 @@ def make_tiny_model(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     corpus = [_BASE_CORPUS, *(extra_corpus or [])]
-    tokenizer = train_tokenizer(corpus, spec.vocab_size, spec.whole_tokens, extra_tokens or [])
+    tokenizer = train_tokenizer(corpus, spec.vocab_size, spec.whole_tokens, extra_tokens or [], spec.split_digits)
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     pad_id = tokenizer.convert_tokens_to_ids(EOS)
     config = Qwen3Config(

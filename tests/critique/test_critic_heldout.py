@@ -245,7 +245,7 @@ def test_pipeline_report_labels_critics_and_copies_heldout_metrics(tmp_path: Pat
                     "false_positive_rate": 0.0, "type_accuracy": 0.25, "leakage_rate": 0.1, "unparsable_rate": 0.2}}}
     paths["heldout"] = tmp_path / "heldout_metrics.json"
     paths["heldout"].write_text(json.dumps(heldout))
-    written = write_pipeline_report(tmp_path, paths["before"], paths["after"], paths["heldout"])
+    written = write_pipeline_report(tmp_path, {"eval_before": paths["before"], "eval_after": paths["after"]}, paths["heldout"])
     report = json.loads(written["report"].read_text())
     labels = [c["label"] for c in report["configurations"]]
     assert labels == ["before: no critic", "before: critic B=1 (rule)", "after: no critic",

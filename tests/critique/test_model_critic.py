@@ -78,3 +78,23 @@ def test_tiny_teacher_rewrites_are_checked_and_discarded(engine_and_loop, retail
     assert len(results) == 3
     assert teacher.stats.rewritten + teacher.stats.discarded == 3
     assert all(r is None or r.verdict == "valid" for r in results)
+
+
+def test_structured_decoding_makes_every_answer_parse(engine_and_loop, retail_data_dir: Path) -> None:  # noqa: ANN001
+    """critic.structured: the same untrained tiny critic, constrained to the format's regular
+    expression (vLLM structured outputs), answers every request in the format; unconstrained it
+    writes noise (the test above)."""
+    from cast_rl.critique.rationale import CRITIQUE_REGEX
+
+    engine, loop = engine_and_loop
+    data = load_domain_data("retail", retail_data_dir)
+    trajectory = gold_trajectory(data, "train", 1)
+    requests = [request_for(trajectory, a.message_index, a.to_json()) for a in iter_actions(trajectory.messages)][:4]
+    service = CriticService(build_verifier(CriticConfig(backend="model"), engine=engine))
+    service.verifier.max_prompt_chars = 3000
+    assert service.verifier.sampling.regex == CRITIQUE_REGEX  # critic.structured defaults to True
+    service.verifier.sampling = Sampling(max_new_tokens=48, temperature=0.0, logprobs=False, regex=CRITIQUE_REGEX)
+    critiques = loop.run_until_complete(service.critique(requests))
+    assert [c.verdict for c in critiques if c.verdict == "unparsable"] == []
+    free = CriticService(build_verifier(CriticConfig(backend="model", structured=False), engine=engine))
+    assert free.verifier.sampling.regex is None

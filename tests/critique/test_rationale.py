@@ -83,3 +83,35 @@ def test_leakage_check_catches_invisible_ids_and_bad_quotes() -> None:
 def test_value_tokens_find_ids_and_quoted_values_but_not_apostrophes() -> None:
     tokens = value_tokens("The customer's order #W1 and 'gift_card_9' and the user's \"blue shirt\".")
     assert tokens == ["#W1", "gift_card_9", "gift_card_9", "blue shirt"]
+
+
+def test_every_label_the_critic_trains_on_is_in_the_structured_language(retail_data_dir) -> None:  # noqa: ANN001
+    """Structured decoding (critic.structured) must allow exactly what critic training teaches:
+    each labelled rationale's text, as build_critic_data writes it, matches CRITIQUE_REGEX, and
+    whatever matches it parses with an agreeing verdict and error type."""
+    import re
+
+    from cast_rl.critique.gold import gold_trajectory
+    from cast_rl.critique.inject import INJECTORS, inject
+    from cast_rl.critique.labeller import Labeller
+    from cast_rl.critique.rationale import CRITIQUE_REGEX, Rationale, format_critique, parse_critique
+    from cast_rl.envs.core import load_domain_data
+
+    data = load_domain_data("retail", retail_data_dir)
+    labeller, pattern, kinds = Labeller(data), re.compile(CRITIQUE_REGEX), set()
+    for task in range(4):
+        trajs = [gold_trajectory(data, "train", task)]
+        trajs += [i.trajectory for kind in INJECTORS if (i := inject(kind, data, "train", task)) is not None]
+        for traj in trajs:
+            for label in labeller.label(traj):
+                if label.rationale is None:
+                    continue
+                text = format_critique(Rationale.from_json(label.rationale))
+                assert pattern.fullmatch(text), text
+                kinds.add(label.error_type)
+    assert {"none", "hallucination", "policy_violation"} <= kinds
+    assert pattern.fullmatch("VERDICT: valid\nERROR: none")  # critic_valid_answer=verdict
+    for bad in ("VERDICT: valid\nERROR: hallucination", "VERDICT: invalid\nERROR: none", "VERDICT: valid\nEROR: none",
+                "VERDICT: invalid\nERROR: policy_violation\nEXPLANATION: a\nCLAUSE: out of order"):
+        assert not pattern.fullmatch(bad)
+    assert parse_critique("VERDICT: invalid\nERROR: policy_violation\nCLAUSE: x\nEVIDENCE: 3 \"y\"") is not None

@@ -114,7 +114,7 @@ def test_the_stage_writes_its_files_and_a_harmful_critic_gets_budget_0(pipeline)
     assert len(trajs) == len(ctx.data.tasks("train")) and not any(t.verification_rounds for t in trajs)  # no critic
     assert ctx.eval_budgets() == [0, 2]  # 0 was already there
     # the report carries the choice: one headline line and a summary.md section
-    paths = write_pipeline_report(ctx.root, None, None, benefit=out / "budgets.json")
+    paths = write_pipeline_report(ctx.root, {}, benefit=out / "budgets.json")
     summary = Path(paths["summary"]).read_text()
     assert "verification budget chosen: B=0 by max pass^1 per 1k tokens" in summary
     assert "| 0 (chosen) |" in summary

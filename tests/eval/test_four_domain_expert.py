@@ -46,7 +46,7 @@ def test_the_expert_solves_every_test_task(
     out = tmp_path / "eval"
     policy = models_dir / Path(config).stem / "tiny-policy"
     argv = ["eval", config, f"env.domain={domain}", f"env.data_dir={data_dir}", "env.split=test",
-            "env.task_indices=[]", "inference.backend=expert", "eval.trials=1", "eval.verification_budgets=[0]",
+            "env.task_indices=[]", "eval.unseen_seeds=[]", "inference.backend=expert", "eval.trials=1", "eval.verification_budgets=[0]",
             f"run_dir={tmp_path / 'run'}", f"policy.path={policy}", "--out", str(out)]
     assert main(argv) == 0
 

@@ -182,3 +182,22 @@ def test_worker_switches_verification_budget(retail_data_dir: Path) -> None:
     assert worker.runner.verifier is verifier and worker.runner.budget == 1
     with pytest.raises(ValueError, match="must be >= 0"):
         worker.set_verification_budget(-1)
+
+
+def test_unseen_databases_pool_into_one_group() -> None:
+    import dataclasses
+
+    def on(split: str, task: int, rewards: list[float]) -> list[Trajectory]:
+        return [dataclasses.replace(traj(task, i, r), split=split) for i, r in enumerate(rewards)]
+
+    # the same task indices on two databases are different tasks
+    trajs = on("test", 0, [1, 1]) + on("unseen-7", 0, [1, 1]) + on("unseen-7", 1, [0, 0]) + on("unseen-8", 0, [1, 0])
+    groups = build_report([EvalRun(0, trajs)])["configurations"][0]["groups"]
+    assert set(groups) == {"retail/test", "retail/unseen-7", "retail/unseen-8", "retail/unseen"}
+    pooled = groups["retail/unseen"]
+    assert pooled["tasks"] == 3 and pooled["databases"] == ["unseen-7", "unseen-8"]
+    assert pooled["task_successes"] == {"unseen-7/0": 2, "unseen-7/1": 0, "unseen-8/0": 1}
+    assert pooled["pass^k"]["pass^1"] == pytest.approx(0.5) and pooled["pass^k"]["pass^2"] == pytest.approx(1 / 3)
+    # one unseen database: only the pooled group, named retail/unseen
+    one = build_report([EvalRun(0, on("test", 0, [1, 1]) + on("unseen-7", 0, [1, 0]))])["configurations"][0]["groups"]
+    assert set(one) == {"retail/test", "retail/unseen"} and one["retail/unseen"]["databases"] == ["unseen-7"]

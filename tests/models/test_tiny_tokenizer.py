@@ -55,3 +55,14 @@ def test_policy_aliases_are_single_trainable_tokens(tmp_path) -> None:  # noqa: 
     assert tok.tokenize("[email_8]") == ["[email_8]"] and len(tok.tokenize("[order_9]")) > 1
     frozen = json.loads((path / "config.json").read_text())["frozen_token_ids"]
     assert frozen == [tok.convert_tokens_to_ids("sami_zhou_8461")]  # whole tokens frozen, aliases trained
+
+
+def test_split_digits_leaves_no_database_number_in_the_vocabulary() -> None:
+    corpus = CORPUS * 50  # frequent enough that plain BPE merges the ids' digits
+    plain = train_tokenizer(corpus, 600)
+    split = train_tokenizer(corpus, 600, split_digits=True)
+    assert any(len(t.strip("Ġ#W")) > 1 and t.strip("Ġ#W").isdigit() for t in plain.get_vocab())
+    assert not any(sum(c.isdigit() for c in t) > 1 for t in split.get_vocab())
+    assert split.tokenize("#W7706143")[-7:] == list("7706143")
+    text = "order #W1234567 costs 250.50, zip 48218"
+    assert split.decode(split(text)["input_ids"]) == text

@@ -27,7 +27,8 @@ def test_pipeline_report_links_viewer_and_compares(pipeline_run: tuple[Path, int
     run, _ = pipeline_run
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
-    paths = write_pipeline_report(copy, copy / "01_eval_before" / "report.json", copy / "08_eval_after" / "report.json")
+    paths = write_pipeline_report(copy, {"eval_before": copy / "01_eval_before" / "report.json",
+                                         "eval_after": copy / "08_eval_after" / "report.json"})
     assert paths["viewer"] == copy / "report" / "viewer" / "index.html" and paths["viewer"].is_file()
     summary = paths["summary"].read_text()
     assert "[viewer/index.html](viewer/index.html)" in summary
@@ -39,4 +40,9 @@ def test_pipeline_report_links_viewer_and_compares(pipeline_run: tuple[Path, int
     assert after_before["pass^k"]["pass^1"]["difference"] == pytest.approx(0.5)
     assert "## Paired differences" in summary and "after: no critic - before: no critic" in summary
     lines = headline(report)
-    assert len(lines) == 4 and all(re.search(r"pass\^1=\d\.\d{3} \[\d\.\d\d,\d\.\d\d\]", line) for line in lines)
+    passk_lines = [line for line in lines if "critic in the loop" not in line and not line.startswith("after - before")]
+    assert len(passk_lines) == 4 and all(re.search(r"pass\^1=\d\.\d{3} \[\d\.\d\d,\d\.\d\d\]", line)
+                                         for line in passk_lines)
+    assert sum("critic in the loop: correction=" in line for line in lines) == 2  # before and after, B=1
+    (paired,) = [line for line in lines if line.startswith("after - before") and "no critic" in line]
+    assert "pass^1=+0.500 [" in paired
