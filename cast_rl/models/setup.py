@@ -5,14 +5,10 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from cast_rl.config.schema import CastConfig, ModelConfig
 from cast_rl.models.aliases import alias_tokens
 from cast_rl.models.tiny import corpus_from_paths, make_tiny_model
-
-if TYPE_CHECKING:
-    from cast_rl.envs.core import DomainData
 
 logger = logging.getLogger(__name__)
 
@@ -40,16 +36,16 @@ def ensure_model(model: ModelConfig, corpus_dirs: list[Path] | None = None) -> P
     return path
 
 
-def training_corpus(cfg: CastConfig, data: DomainData) -> list[Path]:
+def training_corpus(cfg: CastConfig, data_dir: Path) -> list[Path]:
     """What a tiny model's tokenizer is trained on: the training database, policy, tool schemas
     and the tasks of ``pipeline.train_split`` (when the data has it) -- never an evaluation
     split's tasks nor an unseen database (``eval.unseen_seeds``), so evaluation text is
     tokenized as a new database's would be."""
-    root = data.data_dir
+    root = Path(data_dir)
     paths = [root / "db", root / "policy.md", root / "tools.json"]
     train = root / f"tasks_{cfg.pipeline.train_split}.json"
     return paths + ([train] if train.is_file() else [])
 
 
-def ensure_policy_model(cfg: CastConfig, data: DomainData) -> Path:
-    return ensure_model(cfg.policy, training_corpus(cfg, data))
+def ensure_policy_model(cfg: CastConfig, data) -> Path:  # noqa: ANN001 (DomainData: envs sits above models)
+    return ensure_model(cfg.policy, training_corpus(cfg, data.data_dir))

@@ -94,7 +94,12 @@ def test_every_label_the_critic_trains_on_is_in_the_structured_language(retail_d
     from cast_rl.critique.gold import gold_trajectory
     from cast_rl.critique.inject import INJECTORS, inject
     from cast_rl.critique.labeller import Labeller
-    from cast_rl.critique.rationale import CRITIQUE_REGEX, Rationale, format_critique, parse_critique
+    from cast_rl.critique.rationale import (
+        CRITIQUE_REGEX,
+        Rationale,
+        format_critique,
+        parse_critique,
+    )
     from cast_rl.envs.core import load_domain_data
 
     data = load_domain_data("retail", retail_data_dir)

@@ -81,7 +81,7 @@ def _with_split(cfg, split: str):  # noqa: ANN001, ANN202
 def test_tokenizer_is_built_from_training_data_only(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path)
     data = load_env_data(cfg)
-    paths = training_corpus(cfg, data)
+    paths = training_corpus(cfg, data.data_dir)
     assert data_dir_for(cfg) / "tasks_test.json" not in paths
     assert data_dir_for(cfg) / "tasks_train.json" in paths
     text = "\n".join(corpus_from_paths(paths))
