@@ -51,7 +51,7 @@ from cast_rl.learner.critique_samples import (
 )
 from cast_rl.learner.sample import Sample
 from cast_rl.models.setup import ensure_model, training_corpus
-from cast_rl.pipeline.context import PipelineContext
+from cast_rl.pipeline.context import PipelineContext, resolve_critic, trained_critic_path
 from cast_rl.records import Trajectory, read_trajectories, write_trajectories
 from cast_rl.rollout.demonstrations import collect_demonstrations
 from cast_rl.rollout.noisy_expert import collect_noisy_demonstrations
@@ -174,8 +174,11 @@ def warmstart(ctx: PipelineContext, out: Path) -> dict[str, Any]:
             "loss_last": losses[-1], "model": str(model)}
 
 
-def _evaluate(ctx: PipelineContext, out: Path, stage: str, budgets: list[int] | None = None) -> dict[str, Any]:
+def _evaluate(ctx: PipelineContext, out: Path, stage: str, budgets: list[int] | None = None,
+              critic: Any = None) -> dict[str, Any]:
     cfg = ctx.with_policy()
+    if critic is not None:  # this evaluation's critic instead of the pipeline's current one
+        cfg = dataclasses.replace(cfg, critic=dataclasses.replace(critic, verification_budget=cfg.critic.verification_budget))
     if budgets is not None:
         cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, verification_budgets=budgets))
     cfg = dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, run_name=f"{ctx.group_name}-{stage}"))
@@ -186,7 +189,10 @@ def _evaluate(ctx: PipelineContext, out: Path, stage: str, budgets: list[int] | 
         ctx.release_rollout_group()
         report = run_eval(cfg, out)
     else:
-        report = run_eval(cfg, out, group=ctx.rollout_group())
+        group = ctx.rollout_group()
+        if critic is not None:
+            group.set_critic(cfg.critic)  # the next stage's rollout_group() switches it back
+        report = run_eval(cfg, out, group=group)
     return {
         "report": str(out / "report.json"),
         "policy": str(ctx.policy_path),
@@ -205,15 +211,17 @@ def eval_after(ctx: PipelineContext, out: Path) -> dict[str, Any]:
 
 def eval_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     """The policy before optimisation with the critic train_critic trained in the loop (the
-    budgets > 0 of ``eval.verification_budgets``): beside 01_eval_before's configurations, what
-    the trained critic adds before any policy training."""
-    if ctx.critic_config().backend != "trained":
-        raise ValueError("stage eval_critic evaluates the trained critic: set critic.backend=trained "
-                         "and run train_critic first")
+    budgets > 0 of ``eval.verification_budgets``), whichever critic ``critic.backend`` has the
+    other stages serve: beside 01_eval_before's configurations, what the trained critic adds
+    before any policy training."""
+    trained = resolve_critic(dataclasses.replace(ctx.cfg, critic=dataclasses.replace(ctx.cfg.critic, backend="trained")))
+    if trained.backend != "trained":
+        raise ValueError(f"stage eval_critic evaluates the trained critic: {trained_critic_path(ctx.cfg)} does not "
+                         "exist; run train_critic (pipeline.critic_train_steps > 0) first")
     budgets = [b for b in ctx.cfg.eval.verification_budgets if b > 0]
     if not budgets:
         return {"skipped": "eval.verification_budgets has no budget > 0"}
-    return _evaluate(ctx, out, "eval_critic", budgets=budgets)
+    return _evaluate(ctx, out, "eval_critic", budgets=budgets, critic=trained)
 
 
 def collect(ctx: PipelineContext, out: Path) -> dict[str, Any]:
