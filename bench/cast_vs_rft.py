@@ -53,6 +53,10 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 METHODS = ("cast", "rft", "grpo")
+ARMS = ["pipeline.stages=[warmstart,eval_before,collect,label,critic_data,train_critic,collect_with_critic,"
+        "optimise,eval_after,optimise_rft,eval_rft]", "eval.unseen_seeds=[1000,1001]", "eval.unseen_tasks=20",
+        "eval.trials=8"]
+"""On top of the config: the RFT arm's stages and the unseen databases (overrides given later win)."""
 GROUP = "retail/unseen"
 
 
@@ -92,7 +96,7 @@ def pipeline(config: str, run_dir: Path, overrides: list[str]) -> dict[str, Any]
 
 
 def run_seed(args: argparse.Namespace, out: Path, seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    common = [f"seed={seed}", *args.overrides]
+    common = [f"seed={seed}", *ARMS, *args.overrides]
     cast_dir = out / f"seed{seed}" / "cast"
     cast = pipeline(args.config, cast_dir, common)
     stages = cast["stages"]
