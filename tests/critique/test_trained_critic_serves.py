@@ -58,7 +58,10 @@ def test_stage_05_critic_serves_stages_06_and_08(
         f"run_dir={run}", f"env.data_dir={retail_data_dir}", "env.split=test", "env.task_indices=[0,1]",
         "env.max_steps=2", f"policy.path={tiny_model_dir}", "policy.make_tiny_if_missing=false",
         "inference.max_model_len=8192", "inference.max_new_tokens=24",
-        "critic.backend=trained", "critic.on_unparsable=reject", f"critic.model.path={tiny_model_dir}",
+        # unconstrained decoding: the barely trained critic's noise is unparsable, and under
+        # on_unparsable=reject every answer becomes a recorded round naming its critic
+        "critic.backend=trained", "critic.structured=false", "critic.on_unparsable=reject",
+        f"critic.model.path={tiny_model_dir}",
         "critic.inference.max_model_len=8192", "critic.inference.max_new_tokens=24",
         "rollout.num_workers=1", "rollout.num_cpus_per_worker=1", "rollout.episodes_in_flight=4",
         "learner.num_workers=1", "learner.num_cpus_per_worker=0", "learner.micro_batch_size=1",
