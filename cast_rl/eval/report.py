@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,10 +148,12 @@ def _configuration(
     results = [TrialResult(t.task_index, t.trial, t.reward, t.domain, t.split) for t in run.trajectories]
     groups: dict[str, Any] = {}
     unseen: dict[str, dict[Any, list[float]]] = {}
-    for (domain, split), tasks in sorted(group_rewards(results).items()):
+    by_split = group_rewards(results)
+    unseen_splits = Counter(domain for domain, split in by_split if is_unseen(split))
+    for (domain, split), tasks in sorted(by_split.items()):
         if is_unseen(split):  # pooled below: one group of every unseen database of the domain
             unseen.setdefault(domain, {}).update({f"{split}/{task}": rewards for task, rewards in tasks.items()})
-            if len([s for d, s in group_rewards(results) if d == domain and is_unseen(s)]) == 1:
+            if unseen_splits[domain] == 1:
                 continue
         groups[f"{domain}/{split}"] = _group(domain, split, tasks, k_values)
     for domain, tasks in unseen.items():
