@@ -104,9 +104,13 @@ def _learner(ctx: PipelineContext, lr: float, model_path: Path | None = None) ->
     return LearnerGroup(dataclasses.replace(cfg, policy=policy, learner=dataclasses.replace(cfg.learner, lr=lr)))
 
 
-def _collect(ctx: PipelineContext, out: Path, budget: int) -> list[Trajectory]:
-    cfg = ctx.train_cfg()
-    units = episode_units(cfg, ctx.data, trials=cfg.pipeline.collect_trials)
+def _collect(ctx: PipelineContext, out: Path, budget: int,
+             units: list[tuple[str, int, int]] | None = None) -> list[Trajectory]:
+    """Collect ``units`` (default: ``pipeline.collect_trials`` trials of every training task) at
+    verification budget ``budget`` into ``<out>/trajectories.jsonl``, streamed as episodes end."""
+    if units is None:
+        cfg = ctx.train_cfg()
+        units = episode_units(cfg, ctx.data, trials=cfg.pipeline.collect_trials)
     group = ctx.rollout_group()
     group.set_verification_budget(budget)
     path = out / "trajectories.jsonl"
@@ -497,27 +501,26 @@ def optimise_rft(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     rounds = -(-after_collect // max(len(units), 1))  # whole passes over the training tasks
     extra_units = [(s, i, t + cfg.pipeline.collect_trials * (r + 1)) for r in range(rounds)
                    for s, i, t in units][:after_collect]
-    group = ctx.rollout_group()
-    group.set_verification_budget(0)
-    with tqdm(total=len(extra_units), desc="collect (RFT arm, no critic)", unit="episode") as bar:
-        extra = group.collect(extra_units, on_done=lambda _: bar.update(1))
-    write_trajectories(out / "trajectories.jsonl", extra)
+    extra = _collect(ctx, out, budget=0, units=extra_units)
     collected = read_trajectories(ctx.stage_dir("collect") / "trajectories.jsonl") + extra
     rft_cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, samples=["rft"]))
     samples = build_samples(collected, rft_cfg, "rft")
+    if not samples:  # as optimise does: no success to learn from, the weights stay
+        logger.warning("optimise_rft: no rft samples in %d collected trajectories", len(collected))
     learner = _learner(ctx, cfg.learner.lr, model_path=start)
     try:
         with _metrics(ctx, "optimise_rft") as log:
             losses = train_supervised(learner, samples, steps, cfg.learner.global_batch_size, log, "rft",
-                                      cfg.learner.seed) if steps else []
-        ctx.sync_policy(*learner.publish_weights())
+                                      cfg.learner.seed) if steps and samples else []
+        if losses:  # untrained, the group already serves the starting weights
+            ctx.sync_policy(*learner.publish_weights())
         model = learner.save_hf(out / "model")
     finally:
         learner.shutdown()
     ctx.policy_path = model  # the rollout group serves these weights (eval_rft evaluates them)
     return {"model": str(model), "started_from": str(start), "episodes": len(collected),
             "cast_episodes": (ctx.done("collect") or {}).get("episodes", 0) + after_collect,
-            "rft_samples": len(samples), "steps": steps, "cast_steps": steps,
+            "rft_samples": len(samples), "steps": steps, "cast_steps": steps, "trained_steps": len(losses),
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None}
 
 
