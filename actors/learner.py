@@ -69,6 +69,9 @@ class LearnerWorkerActor:
     def train_step(self, samples: list[Sample]) -> dict[str, float]:
         return self.engine.train_step(samples)
 
+    def set_lr(self, lr: float) -> None:
+        self.engine.set_lr(lr)
+
     @ray.method(num_returns=2)
     def gather_weights(self) -> tuple[dict[str, Any] | None, str | None]:
         """Collective; rank 0 returns (full state dict, checksum), the others (None, None)."""
@@ -147,6 +150,10 @@ class LearnerGroup:
     def train_step(self, samples: list[Sample]) -> dict[str, float]:
         """One optimizer step on a global batch, split over the workers by token count."""
         return self.train_shards(shard(samples, len(self.workers)))
+
+    def set_lr(self, lr: float) -> None:
+        """Every rank's learning rate for the steps after this call."""
+        ray.get([w.set_lr.remote(lr) for w in self.workers])
 
     def train_shards(self, shards: list[Any]) -> dict[str, float]:
         """One optimizer step, rank ``r`` on ``shards[r]`` (samples, or an object reference Ray

@@ -462,8 +462,11 @@ def optimise(ctx: PipelineContext, out: Path) -> dict[str, Any]:
                 group.set_verification_budget(budget)
                 rl_cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, samples=rl))
                 tasks = list(cfg.env.task_indices or range(len(ctx.data.tasks(cfg.env.split))))
+                grpo_lr = cfg.learner.lr if cfg.pipeline.grpo_lr is None else cfg.pipeline.grpo_lr
+                learner.set_lr(grpo_lr)
+                summary["grpo_lr"] = grpo_lr
                 run = train_policy(rl_cfg, _VersionedCollector(group, ctx), tasks, cfg.env.split, log,
-                                   lambda: _learner(ctx, cfg.learner.lr), learner=learner, resume=False)
+                                   lambda: _learner(ctx, grpo_lr), learner=learner, resume=False)
                 learner = run.loop.learner  # the supervisor may have rebuilt the group
                 summary["grpo_steps"] = run.loop.state.step
                 summary["grpo_episodes"] = int(sum(h.get("train/episodes", 0) for h in run.history))

@@ -48,6 +48,7 @@ def test_overrides_apply_and_keep_types() -> None:
         ("rollout.num_workers=0", "rollout.num_workers=0 is not allowed; it must be > 0"),
         ("learner.global_batch_size=10", "learner.global_batch_size=10 is not allowed"),
         ("nonsense=1", "unknown key 'nonsense'"),
+        ("pipeline.grpo_lr=0", "pipeline.grpo_lr=0.0 is not allowed; it must be > 0"),
     ],
 )
 def test_bad_key_or_value_names_the_key(override: str, expected: str) -> None:
@@ -62,7 +63,7 @@ SENTINELS = {
     "eval.trials": 3, "algorithm.tasks_per_step": 2, "algorithm.clip_ratio_low": 0.1,
     "algorithm.clip_ratio_high": 0.28, "learner.grad_clip": 0.5,
     "learner.max_tokens_per_micro_batch": 64, "learner.checkpoint_every": 5, "pipeline.train_tasks": 2,
-    "pipeline.benefit_tasks": 2,
+    "pipeline.benefit_tasks": 2, "pipeline.grpo_lr": 5e-5,
 }
 """Keys where None (once 0) means "the other value" or "off", with a value each."""
 

@@ -1,11 +1,13 @@
 """The embedded default end to end: every stage of `make quickstart`, and CAST's effect on it.
 
 Runs ``configs/quickstart.yaml`` (generated compact retail, noisy-expert warm-start, rule critic,
-critic training, critique-aware SFT and GRPO with the critic in the loop) into a temporary run
-directory and checks what the issue asks of the main job: training raises pass^1 without the
-critic (to at least 0.30, by at least 0.10), and the critic in the loop raises the starting
-policy's pass^1.  About as long as ``make quickstart`` itself (about 10 minutes on two cores),
-hence ``slow`` and ``e2e``.
+critic training, critique-aware SFT and GRPO with the critic in the loop, the RFT arm at CAST's
+cost) into a temporary run directory and checks what the issues ask of the main job: on the
+training database's held-out tasks training raises pass^1 without the critic (to at least 0.30,
+by at least 0.10) and the critic in the loop raises the starting policy's pass^1; on databases
+no stage trains on (``retail/unseen``) training raises pass^1 by 0.15 and pass^4 by 0.10, and
+CAST is not significantly below RFT.  About as long as ``make quickstart`` itself (about 12
+minutes on two cores), hence ``slow`` and ``e2e``.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from cast_rl.config import load_config
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _pass1(report: dict, stage: str, budget: int) -> float:
+def _pass(report: dict, stage: str, budget: int, group: str = "retail/test", k: int = 1) -> float:
     (config,) = [c for c in report["configurations"] if c["stage"] == stage and c["verification_budget"] == budget]
-    (group,) = config["groups"].values()
-    return group["pass^k"]["pass^1"]
+    return config["groups"][group]["pass^k"][f"pass^{k}"]
+
+
+def _pass1(report: dict, stage: str, budget: int, group: str = "retail/test") -> float:
+    return _pass(report, stage, budget, group)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +50,7 @@ def quickstart(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_quickstart_runs_every_stage_and_each_feeds_the_next(quickstart: dict) -> None:
     result, report = quickstart["result"], quickstart["report"]
     assert set(result["stages"]) == set(quickstart["cfg"].pipeline.stages)
-    assert {c["stage"] for c in report["configurations"]} == {"before", "after"}
+    assert {c["stage"] for c in report["configurations"]} == {"before", "after", "rft"}
     assert result["stages"]["warmstart"]["demo_errors"] > 0  # the noisy expert made its errors
     assert "unexplained_failures" in result["stages"]["label"]
     heldout = report["critic_heldout"]["critics"]
@@ -53,6 +58,9 @@ def test_quickstart_runs_every_stage_and_each_feeds_the_next(quickstart: dict) -
     optimise = result["stages"]["optimise"]
     assert optimise["grpo_steps"] == quickstart["cfg"].algorithm.steps
     assert sum(optimise["critique_rounds_per_step"]) > 0  # GRPO ran with the critic in the loop
+    assert optimise["grpo_lr"] == quickstart["cfg"].pipeline.grpo_lr < quickstart["cfg"].learner.lr
+    rft = result["stages"]["optimise_rft"]  # the RFT arm at CAST's cost
+    assert rft["episodes"] == rft["cast_episodes"] and rft["trained_steps"] == rft["cast_steps"] > 0
 
 
 @pytest.mark.slow
@@ -68,23 +76,55 @@ def test_quickstart_gets_more_reliable(quickstart: dict) -> None:
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.timeout(2400)
+def test_quickstart_transfers_to_databases_training_never_saw(quickstart: dict) -> None:
+    """Issue 23's targets on ``retail/unseen`` (2 generated databases x 20 tasks x 8 trials, seeds
+    no stage trains on): training raises pass^1 by at least 0.15 and pass^4 by at least 0.10
+    (measured here: 0.209 -> 0.709 and 0.001 -> 0.554); the rule critic in the loop raises the
+    starting policy's pass^1 there too; and CAST is not below the RFT arm at equal cost: the upper
+    end of the paired CAST - RFT interval on pass^4 is above 0 (measured: +0.068 on the point;
+    the direction itself is not asserted, other machines sample other episodes)."""
+    report = quickstart["report"]
+    unseen = "retail/unseen"
+    for k, gain in ((1, 0.15), (4, 0.10)):
+        before, after = _pass(report, "before", 0, unseen, k), _pass(report, "after", 0, unseen, k)
+        assert after >= before + gain, (k, before, after)
+    assert _pass(report, "before", 1, unseen) > _pass(report, "before", 0, unseen)
+    (cast_rft,) = [c for c in report["comparisons"] if c["kind"] == "CAST - RFT" and c["group"] == unseen]
+    assert cast_rft["pass^k"]["pass^4"]["ci"][1] > 0, cast_rft["pass^k"]["pass^4"]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(2400)
 def test_quickstart_report_has_the_figures_the_readme_shows(quickstart: dict) -> None:
     """What the README's quickstart table and text are read from: before/after x no critic /
-    critic B=1 on >= 20 held-out tasks x 4 trials with pass^1..pass^4 and their intervals, the
-    paired differences, the held-out critics' metrics (the rule critic exact), and the viewer."""
+    critic B=1 and the RFT arm, on 20 in-database held-out tasks and 2 x 20 tasks of unseen
+    databases, 8 trials each, with pass^1..pass^8 and their intervals, the paired differences
+    (CAST - RFT among them), the tokenizer's fit to unseen text, the held-out critics' metrics
+    (the rule critic exact), and the viewer."""
     from cast_rl.eval.critic_heldout import HELDOUT_METRICS
 
     report, result = quickstart["report"], quickstart["result"]
     configs = {(c["stage"], c["verification_budget"]) for c in report["configurations"]}
-    assert {("before", 0), ("before", 1), ("after", 0), ("after", 1)} <= configs
+    assert {("before", 0), ("before", 1), ("after", 0), ("after", 1), ("rft", 0)} <= configs
+    groups = {"retail/test": 20, "retail/unseen-1000": 20, "retail/unseen-1001": 20, "retail/unseen": 40}
     for config in report["configurations"]:
-        (group,) = config["groups"].values()
-        assert group["tasks"] >= 20 and group["n"] == 4, config["name"]
-        assert list(group["pass^k"]) == [f"pass^{k}" for k in range(1, 5)]
-        for k, (low, high) in group["pass^k_ci"].items():
-            assert low <= group["pass^k"][k] <= high, (config["name"], k)
-        values = list(group["pass^k"].values())
-        assert all(a >= b for a, b in zip(values, values[1:]))  # pass^k never rises with k
+        assert {g: config["groups"][g]["tasks"] for g in config["groups"]} == groups, config["name"]
+        for name, group in config["groups"].items():
+            assert group["n"] == 8, (config["name"], name)
+            assert list(group["pass^k"]) == [f"pass^{k}" for k in range(1, 9)]
+            for k, (low, high) in group["pass^k_ci"].items():
+                assert low <= group["pass^k"][k] <= high, (config["name"], name, k)
+            values = list(group["pass^k"].values())
+            assert all(a >= b for a, b in zip(values, values[1:]))  # pass^k never rises with k
+    cast_rft = [c for c in report["comparisons"] if c["kind"] == "CAST - RFT"]
+    assert {c["group"] for c in cast_rft} == set(groups)
+    for comparison in cast_rft:
+        low, high = comparison["pass^k"]["pass^4"]["ci"]
+        assert low <= comparison["pass^k"]["pass^4"]["difference"] <= high
+    tokenizer = report["tokenizer"]
+    assert set(tokenizer["unseen"]) == {"unseen-1000", "unseen-1001"}, tokenizer
+    assert 0.5 < tokenizer["unseen_over_training"] < 1.5, tokenizer  # it serves text it never saw
     heldout = report["critic_heldout"]["critics"]
     for critic in ("rule", "trained"):
         assert set(HELDOUT_METRICS) <= set(heldout[critic]), critic

@@ -120,6 +120,12 @@ class LearnerEngine:
         self.version = 0
         """Optimizer steps taken: the version of the weights this learner holds."""
 
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of every later step (the pipeline's GRPO phase after its fine-tuning,
+        ``pipeline.grpo_lr``); AdamW's moments carry over."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
     def _load(self, trainable: bool) -> Any:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

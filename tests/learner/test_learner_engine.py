@@ -230,3 +230,28 @@ def test_policy_samples_are_scored_at_the_sampling_temperature(make_cfg, logits:
         assert torch.allclose(got[row][mask], expected[mask], atol=1e-5)
     greedy = LearnerEngine(make_cfg("inference.temperature=0.0"))
     assert greedy.policy_temperature == 1.0
+
+
+def test_set_lr_scales_the_next_steps_only(make_cfg) -> None:
+    """``pipeline.grpo_lr``'s mechanism: after ``set_lr`` the next AdamW step moves every weight by
+    that rate (AdamW's step and its weight decay are both proportional to it); the moments carry over."""
+
+    def params(engine: LearnerEngine) -> dict[str, torch.Tensor]:
+        return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().double().clone()
+                for n, p in engine.model.named_parameters()}
+
+    batch = make_batch(supervised=8)
+    same, slower = (LearnerEngine(make_cfg("algorithm.supervised_weight=1.0", "learner.lr=1e-2")) for _ in range(2))
+    for engine in (same, slower):
+        engine.train_step(batch)
+    slower.set_lr(1e-3)
+    assert all(g["lr"] == 1e-3 for g in slower.optimizer.param_groups)
+    start = params(same)
+    assert _max_diff(start, params(slower)) == 0.0  # the same first step at the same rate
+    for engine in (same, slower):
+        engine.train_step(batch)
+    moved, moved_slower = params(same), params(slower)
+    for name in start:
+        delta, delta_slower = moved[name] - start[name], moved_slower[name] - start[name]
+        torch.testing.assert_close(delta_slower, delta / 10, rtol=1e-3, atol=2.5e-7)  # float32 weights near 1
+    assert max(float(d.abs().max()) for d in (moved[n] - start[n] for n in start)) > 1e-4
