@@ -173,6 +173,7 @@ def _config(args: argparse.Namespace, out: Path, method: str, seed: int) -> Any:
         f"algorithm.tree_branches={args.tree_branches}", "critic.verification_budget=0",
         "env.split=test", f"env.task_indices=[{','.join(str(i) for i in range(args.eval_tasks))}]",
         f"eval.trials={args.eval_trials}", "eval.verification_budgets=[0]",
+        "eval.unseen_seeds=[]",  # env.data_dir is set: the training database's test split, as before
         "learner.checkpoint_every=null", "logging.mode=disabled", *args.overrides,
     ])
 
