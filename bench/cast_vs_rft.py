@@ -20,7 +20,8 @@ users run it, ``python -m launchers.pipeline``, in a process of its own:
   (the same starting policy, the same starting figures) and runs only ``optimise`` with
   ``algorithm.samples=[outcome_groups]`` and no critic (``pipeline.collect_budget=0``), for as
   many GRPO steps as make CAST's episode count (``02_collect`` + ``06_collect_with_critic`` +
-  its GRPO steps' episodes) at the measured episodes per step.
+  its GRPO steps' episodes) at the measured episodes per step, at the config's GRPO learning
+  rate (``pipeline.grpo_lr``, else ``learner.lr``; pass ``pipeline.grpo_lr=...`` to change it).
 
 Every arm is evaluated without the critic on the unseen databases (``retail/unseen``:
 ``eval.unseen_seeds``, generated with seeds no stage trains on), before training (shared) and
