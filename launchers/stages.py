@@ -428,7 +428,7 @@ def optimise(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     Supervised kinds (``supervised``, ``distill``, ``rft``) train for ``pipeline.sft_steps`` on
     the trajectories of the two collect stages.  The RL kinds then run the train loop with the
     critic in the loop at ``pipeline.collect_budget`` (or the budget stage benefit chose, with
-    ``pipeline.use_chosen_budget``), so verdicts become turn-level credit,
+    ``pipeline.use_chosen_budget``) and at ``pipeline.grpo_lr``, so verdicts become turn-level credit,
     through the same driver as ``python -m launchers.train`` (:func:`launchers.train.train_policy`:
     replay buffer and its log under ``<stage>/replay``, supervisor).  The stage starts afresh
     when rerun (its directory is cleared), so it does not resume a checkpoint.
