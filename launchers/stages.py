@@ -302,7 +302,7 @@ def train_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     cfg = ctx.cfg
     if cfg.pipeline.critic_train_steps == 0:
         return {"skipped": "pipeline.critic_train_steps=0", "critic": cfg.critic.backend}
-    base = ensure_model(cfg.critic.model, training_corpus(cfg, ctx.data.data_dir))
+    base = ensure_model(cfg.critic.model, training_corpus(ctx.data.data_dir))
     samples = supervised_from_parquet(ctx.stage_dir("critic_data") / "train.parquet", AutoTokenizer.from_pretrained(base))
     learner = _learner(ctx, cfg.pipeline.critic_lr, model_path=base)
     with _metrics(ctx, "train_critic") as log:

@@ -59,8 +59,14 @@ def test_quickstart_runs_every_stage_and_each_feeds_the_next(quickstart: dict) -
     assert optimise["grpo_steps"] == quickstart["cfg"].algorithm.steps
     assert sum(optimise["critique_rounds_per_step"]) > 0  # GRPO ran with the critic in the loop
     assert optimise["grpo_lr"] == quickstart["cfg"].pipeline.grpo_lr < quickstart["cfg"].learner.lr
-    rft = result["stages"]["optimise_rft"]  # the RFT arm at CAST's cost
-    assert rft["episodes"] == rft["cast_episodes"] and rft["trained_steps"] == rft["cast_steps"] > 0
+    assert optimise["sft_samples"]["supervised"] > 0  # critique-enriched SFT: critiques kept in context
+    for stage in ("eval_before", "collect_with_critic", "eval_after"):
+        assert result["stages"][stage]["critic"] == "rule", stage  # critic.backend, as configured
+    # the RFT arm: same start, equal collection episodes and optimizer steps
+    rft = result["stages"]["optimise_rft"]
+    assert rft["started_from"] == result["stages"]["warmstart"]["model"]
+    assert rft["episodes"] == rft["cast_episodes"]
+    assert rft["steps"] == optimise["sft_steps"] + optimise["grpo_steps"] == rft["cast_steps"] == rft["trained_steps"]
 
 
 @pytest.mark.slow
@@ -86,6 +92,8 @@ def test_quickstart_transfers_to_databases_training_never_saw(quickstart: dict) 
     [-0.09, +0.03])."""
     report = quickstart["report"]
     unseen = "retail/unseen"
+    pooled = report["configurations"][0]["groups"][unseen]
+    assert pooled["tasks"] >= 40 and pooled["n"] >= 8 and len(pooled["databases"]) >= 2
     for k, gain in ((1, 0.15), (4, 0.10)):
         before, after = _pass(report, "before", 0, unseen, k), _pass(report, "after", 0, unseen, k)
         assert after >= before + gain, (k, before, after)
@@ -123,13 +131,16 @@ def test_quickstart_report_has_the_figures_the_readme_shows(quickstart: dict) ->
         assert low <= comparison["pass^k"]["pass^4"]["difference"] <= high
     tokenizer = report["tokenizer"]
     assert set(tokenizer["unseen"]) == {"unseen-1000", "unseen-1001"}, tokenizer
-    assert 0.5 < tokenizer["unseen_over_training"] < 1.5, tokenizer  # it serves text it never saw
+    assert 0.5 < tokenizer["unseen_over_training"] < 1.2, tokenizer  # it serves text it never saw
     heldout = report["critic_heldout"]["critics"]
     for critic in ("rule", "trained"):
         assert set(HELDOUT_METRICS) <= set(heldout[critic]), critic
     assert heldout["rule"]["recall"] == 1.0 and heldout["rule"]["false_positive_rate"] == 0.0
+    assert heldout["trained"]["unparsable_rate"] <= 0.2  # the trained critic answers in its format
     summary = Path(result["summary"]).read_text()
-    assert "## Paired differences" in summary and "pass^4" in summary
+    assert "## Paired differences" in summary and "pass^4" in summary and "| CAST - RFT |" in summary
+    assert "## The tokenizer on unseen databases" in summary
+    assert any("critic in the loop: correction=" in line for line in result["headline"])
     assert result["viewer"] and Path(result["viewer"]).is_file()
     assert result["plots"] and all(Path(p).is_file() for p in result["plots"])
 

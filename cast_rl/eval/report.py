@@ -315,8 +315,8 @@ def _comparison_lines(comparisons: list[dict[str, Any]]) -> list[str]:
             cells.append("-" if d is None else f"{d['difference']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]"
                          + (" **(includes 0)**" if d["includes_zero"] else ""))
         mdd = " / ".join(_cell(c["pass^k"][k]["mdd"]) for k in ks if k in c["pass^k"])
-        rows.append([c["label"], c["group"], c["tasks"], *cells, mdd])
-    return lines + _table(["A - B", "domain/split", "tasks", *ks, "MDD " + "/".join(ks)], rows)
+        rows.append([c["kind"], c["label"], c["group"], c["tasks"], *cells, mdd])
+    return lines + _table(["comparison", "A - B", "domain/split", "tasks", *ks, "MDD " + "/".join(ks)], rows)
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:

@@ -36,7 +36,7 @@ def ensure_model(model: ModelConfig, corpus_dirs: list[Path] | None = None) -> P
     return path
 
 
-def training_corpus(cfg: CastConfig, data_dir: Path) -> list[Path]:
+def training_corpus(data_dir: Path) -> list[Path]:
     """What a tiny model's tokenizer is trained on: the training data directory (database,
     policy, tool schemas, tasks).  An unseen database (``eval.unseen_seeds``) is a directory of its
     own and never part of it, so its text is tokenized as a new database's would be.
@@ -44,9 +44,8 @@ def training_corpus(cfg: CastConfig, data_dir: Path) -> list[Path]:
     The in-database test split stays in: left out, the quickstart's warm-start (which sits near a
     cliff) trained into a policy that fine-tuning then broke (pass^1 0.0 after training).
     """
-    del cfg
     return [Path(data_dir)]
 
 
 def ensure_policy_model(cfg: CastConfig, data) -> Path:  # noqa: ANN001 (DomainData: envs sits above models)
-    return ensure_model(cfg.policy, training_corpus(cfg, data.data_dir))
+    return ensure_model(cfg.policy, training_corpus(data.data_dir))

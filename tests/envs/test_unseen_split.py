@@ -38,6 +38,13 @@ def test_unseen_seeds_are_disjoint_from_the_training_seed(tmp_path: Path) -> Non
         _cfg(tmp_path, "eval.unseen_seeds=[3,3]")
 
 
+def test_quickstart_evaluates_unseen_databases_training_never_reads() -> None:
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "quickstart.yaml")
+    training_seeds = {cfg.env.generated_seed}
+    assert cfg.eval.unseen_seeds and training_seeds.isdisjoint(cfg.eval.unseen_seeds)
+    assert len(cfg.eval.unseen_seeds) * cfg.eval.unseen_tasks >= 40 and cfg.eval.trials >= 8
+
+
 def test_unseen_splits_run_on_their_own_database(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path)
     data = load_env_data(cfg)
@@ -74,7 +81,7 @@ def _with_split(cfg, split: str):  # noqa: ANN001, ANN202
 def test_tokenizer_never_reads_an_unseen_database(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path)
     data = load_env_data(cfg)
-    paths = training_corpus(cfg, data.data_dir)
+    paths = training_corpus(data.data_dir)
     assert paths == [data_dir_for(cfg)]
     text = "\n".join(corpus_from_paths(paths))
     assert data.task("train", 0).user_id in text
