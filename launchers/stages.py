@@ -293,6 +293,7 @@ def critic_data(ctx: PipelineContext, out: Path) -> dict[str, Any]:
         ctx.stage_dir("label") / "labels.jsonl", labelled_trajectories(ctx),
         out, heldout_fraction=ctx.cfg.pipeline.critic_heldout_fraction, seed=ctx.cfg.seed, drop_from_train=drop,
         valid_answer=ctx.cfg.pipeline.critic_valid_answer,
+        valid_per_invalid=ctx.cfg.pipeline.critic_valid_per_invalid,
     )
 
 
@@ -302,7 +303,7 @@ def train_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     cfg = ctx.cfg
     if cfg.pipeline.critic_train_steps == 0:
         return {"skipped": "pipeline.critic_train_steps=0", "critic": cfg.critic.backend}
-    base = ensure_model(cfg.critic.model, training_corpus(ctx.data.data_dir))
+    base = _critic_base(ctx)
     samples = supervised_from_parquet(ctx.stage_dir("critic_data") / "train.parquet", AutoTokenizer.from_pretrained(base))
     learner = _learner(ctx, cfg.pipeline.critic_lr, model_path=base)
     with _metrics(ctx, "train_critic") as log:
@@ -320,6 +321,17 @@ def train_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
             summary["heldout"] = {name: {k: m[k] for k in ("critic", *HELDOUT_METRICS)}
                                   for name, m in heldout["critics"].items()}
     return summary
+
+
+def _critic_base(ctx: PipelineContext) -> Path:
+    """The model train_critic starts from (``pipeline.critic_base``)."""
+    if ctx.cfg.pipeline.critic_base == "model":
+        return ensure_model(ctx.cfg.critic.model, training_corpus(ctx.data.data_dir))
+    warm = ctx.stage_dir("warmstart") / "model"
+    if not (warm / "config.json").exists():
+        raise ValueError(f"pipeline.critic_base=warmstart trains the critic from the warm-started policy: {warm} "
+                         "has no model (stage warmstart saves it, with pipeline.warmstart_epochs > 0)")
+    return warm
 
 
 def _heldout_critics(ctx: PipelineContext, out: Path, base: Path, trained: Path) -> dict[str, Any]:

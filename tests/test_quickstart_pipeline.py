@@ -136,7 +136,12 @@ def test_quickstart_report_has_the_figures_the_readme_shows(quickstart: dict) ->
     for critic in ("rule", "trained"):
         assert set(HELDOUT_METRICS) <= set(heldout[critic]), critic
     assert heldout["rule"]["recall"] == 1.0 and heldout["rule"]["false_positive_rate"] == 0.0
-    assert heldout["trained"]["unparsable_rate"] <= 0.2  # the trained critic answers in its format
+    # the CAST-Critic, trained from the warm-started policy (pipeline.critic_base=warmstart), meets
+    # the held-out targets (measured here: recall 1.0, false-positive rate 0.035)
+    trained = heldout["trained"]
+    assert trained["unparsable_rate"] <= 0.05 and trained["recall"] >= 0.90, trained
+    assert trained["false_positive_rate"] <= 0.05, trained
+    assert result["stages"]["train_critic"]["examples"] > result["stages"]["critic_data"]["heldout"]["examples"]
     summary = Path(result["summary"]).read_text()
     assert "## Paired differences" in summary and "pass^4" in summary and "| CAST - RFT |" in summary
     assert "## The tokenizer on unseen databases" in summary

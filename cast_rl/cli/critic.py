@@ -48,6 +48,7 @@ def _build(args: argparse.Namespace) -> int:
         args.labels, args.trajectories, args.out,
         heldout_fraction=cfg.pipeline.critic_heldout_fraction, seed=cfg.seed,
         valid_answer=cfg.pipeline.critic_valid_answer,
+        valid_per_invalid=cfg.pipeline.critic_valid_per_invalid,
     )
     print(json.dumps(summary, indent=2))
     return 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import random
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -141,15 +142,18 @@ def examples_from_labels(
     return examples, skipped
 
 
-def balance(examples: list[Example], rng: random.Random) -> list[Example]:
-    """Equal numbers of valid and invalid examples (the larger class is subsampled)."""
+def balance(examples: list[Example], rng: random.Random, valid_per_invalid: float = 1.0) -> list[Example]:
+    """``valid_per_invalid`` valid examples per invalid one, as far as the data allows (equal
+    numbers by default; the larger class is subsampled)."""
     valid = [e for e in examples if e.verdict == "valid"]
     invalid = [e for e in examples if e.verdict == "invalid"]
     n = min(len(valid), len(invalid))
     if n == 0:
         logger.warning("cannot balance: %d valid and %d invalid examples", len(valid), len(invalid))
         return examples
-    keep = rng.sample(valid, n) + rng.sample(invalid, n)
+    n_invalid = min(len(invalid), max(1, math.ceil(len(valid) / valid_per_invalid)))
+    n_valid = min(len(valid), round(valid_per_invalid * n_invalid))
+    keep = rng.sample(valid, n_valid) + rng.sample(invalid, n_invalid)
     return sorted(keep, key=lambda e: (e.trajectory_index, e.message_index))
 
 
@@ -166,8 +170,13 @@ def build_critic_data(
     seed: int = 0,
     drop_from_train: set[tuple[int, int]] | frozenset[tuple[int, int]] = frozenset(),
     valid_answer: str = "full",
+    valid_per_invalid: float = 1.0,
 ) -> dict[str, Any]:
     """Write ``train.parquet`` and ``heldout.parquet``; returns counts for a summary.
+
+    ``valid_per_invalid``: valid examples per invalid one in the training split (a critic in the
+    loop sees mostly valid actions, and each false flag costs a revision); the held-out split stays
+    balanced, so its metrics compare across ratios.
 
     ``drop_from_train``: ``(trajectory_index, message_index)`` of labels to leave out of the
     training split (e.g. invalid labels verified blame did not confirm); the held-out split
@@ -178,6 +187,8 @@ def build_critic_data(
 
     if not 0.0 <= heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction={heldout_fraction} is not allowed; use 0 <= f < 1")
+    if valid_per_invalid <= 0:
+        raise ValueError(f"valid_per_invalid={valid_per_invalid} is not allowed; it must be > 0")
     labels = read_labels(labels_path)
     trajectories = read_trajectories(trajectories_path)
     examples, skipped = examples_from_labels(labels, trajectories, valid_answer)
@@ -195,7 +206,7 @@ def build_critic_data(
             1 for e in examples if (e.trajectory_index, e.message_index) in drop_from_train
             and not _heldout(e.trajectory_index, heldout_fraction, seed))
     for name, rows in splits.items():
-        kept = balance(rows, rng)
+        kept = balance(rows, rng, valid_per_invalid if name == "train" else 1.0)
         table = pa.Table.from_pylist([e.row() for e in kept], schema=_schema())
         pq.write_table(table, out / f"{name}.parquet")
         counts = Counter(e.verdict for e in kept)

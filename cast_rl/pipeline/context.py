@@ -98,6 +98,22 @@ def check_trained_critic(cfg: CastConfig) -> None:
     )
 
 
+def check_critic_base(cfg: CastConfig) -> None:
+    """With ``pipeline.critic_base=warmstart``, stage train_critic needs the warm-started policy:
+    the warmstart stage runs first or saved it earlier, else ConfigError before anything starts."""
+    pipe = cfg.pipeline
+    if (pipe.critic_base != "warmstart" or "train_critic" not in pipe.stages or not pipe.critic_train_steps
+            or ("warmstart" in pipe.stages and pipe.warmstart_epochs > 0)
+            or (stage_dir(cfg, "warmstart") / "model" / "config.json").exists()
+            or (stage_dir(cfg, "train_critic") / "DONE.json").exists()):
+        return
+    raise ConfigError(
+        f"config error: pipeline.critic_base=warmstart but {stage_dir(cfg, 'warmstart') / 'model'} does not exist "
+        "and no warm-start runs before train_critic (pipeline.stages with warmstart, pipeline.warmstart_epochs > 0); "
+        "add it or set pipeline.critic_base=model"
+    )
+
+
 def check_chosen_budget(cfg: CastConfig) -> None:
     """With ``pipeline.use_chosen_budget``, stage benefit must run in this pipeline or have run
     (its ``DONE.json`` holds the chosen budget): raise ConfigError otherwise."""
@@ -128,6 +144,7 @@ class PipelineContext:
         self._group: Collector | None = None
         self.group_name = cfg.logging.group or self.root.name
         check_trained_critic(cfg)
+        check_critic_base(cfg)
         check_chosen_budget(cfg)
         (self.root / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
 

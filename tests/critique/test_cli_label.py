@@ -113,6 +113,27 @@ def test_build_data_writes_balanced_parquet_splits(files, capsys, tiny_model_dir
     assert metrics["critic/recall"] >= 0.6
 
 
+def test_build_data_keeps_more_valid_examples_in_training_only(files, capsys) -> None:  # noqa: ANN001
+    """``pipeline.critic_valid_per_invalid``: the training split keeps that many valid examples per
+    invalid one (as far as the valid ones go); the held-out split stays balanced."""
+    if not files["L"].exists():
+        _label(files, files["T"], files["L"])
+    runs = {}
+    for ratio in (1, 3):
+        out = files["dir"] / f"critic-ratio{ratio}"
+        assert main(["critic", "build-data", "pipeline.critic_heldout_fraction=0.25",
+                     f"pipeline.critic_valid_per_invalid={ratio}", "--labels", str(files["L"]),
+                     "--trajectories", str(files["T"]), "--out", str(out)]) == 0
+        runs[ratio] = json.loads(capsys.readouterr().out)
+    one, three = runs[1]["train"], runs[3]["train"]
+    assert one["valid"] == one["invalid"] > 0
+    assert three["valid"] > one["valid"]
+    assert three["valid"] <= 3 * three["invalid"] and (three["valid"] == 3 * three["invalid"]
+                                                       or three["invalid"] < one["invalid"])
+    assert runs[3]["heldout"] == runs[1]["heldout"]
+    assert runs[3]["heldout"]["valid"] == runs[3]["heldout"]["invalid"]
+
+
 def test_build_data_names_file_and_line_of_a_bad_label(files, tmp_path) -> None:  # noqa: ANN001
     labels = tmp_path / "L.jsonl"
     labels.write_text('{"trajectory_index": 0}\n')

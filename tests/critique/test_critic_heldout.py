@@ -11,6 +11,7 @@ rationale, an unreadable one).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,7 +35,7 @@ from cast_rl.critique.verifier import (
 )
 from cast_rl.envs.core import load_domain_data
 from cast_rl.eval.critic_heldout import compare_critics, flat_heldout_metrics, heldout_markdown
-from cast_rl.pipeline.context import resolve_critic, trained_critic_path
+from cast_rl.pipeline.context import resolve_critic, stage_dir, trained_critic_path
 from cast_rl.pipeline.report import headline, write_pipeline_report
 
 
@@ -225,6 +226,43 @@ def test_trained_backend_without_critic_training_stops_before_anything_starts(tm
     model.mkdir(parents=True)
     (model / "config.json").write_text("{}")
     check_trained_critic(cfg)
+
+
+def test_critic_base_warmstart_needs_the_warm_started_policy(tmp_path: Path) -> None:
+    from cast_rl.config import ConfigError
+    from cast_rl.pipeline.context import check_critic_base
+
+    with pytest.raises(Exception, match=r"pipeline.critic_base='policy'"):
+        load_config(None, ["pipeline.critic_base=policy"])
+    cfg = load_config(None, [f"run_dir={tmp_path}", "pipeline.critic_base=warmstart", "pipeline.critic_train_steps=2",
+                             "pipeline.stages=[collect,label,critic_data,train_critic]"])
+    with pytest.raises(ConfigError, match="pipeline.critic_base=warmstart but .*00_warmstart/model does not exist"):
+        check_critic_base(cfg)
+    check_critic_base(dataclasses.replace(cfg, pipeline=dataclasses.replace(  # the warm-start runs first
+        cfg.pipeline, stages=["warmstart", *cfg.pipeline.stages], warmstart_epochs=1)))
+    model = stage_dir(cfg, "warmstart") / "model"  # or ran earlier: the run resumes
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    check_critic_base(cfg)
+
+
+def test_train_critic_starts_from_the_model_critic_base_names(tmp_path: Path) -> None:
+    from launchers.stages import _critic_base
+
+    tiny = tmp_path / "tiny-critic"
+    tiny.mkdir()
+    (tiny / "config.json").write_text("{}")
+    cfg = load_config(None, [f"run_dir={tmp_path}", f"critic.model.path={tiny}"])
+    ctx = SimpleNamespace(cfg=cfg, data=SimpleNamespace(data_dir=tmp_path), stage_dir=lambda stage: stage_dir(cfg, stage))
+    assert _critic_base(ctx) == tiny
+    warm = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, critic_base="warmstart"))
+    ctx.cfg = warm
+    with pytest.raises(ValueError, match="critic_base=warmstart trains the critic from the warm-started policy"):
+        _critic_base(ctx)
+    model = stage_dir(cfg, "warmstart") / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    assert _critic_base(ctx) == model
 
 
 def test_pipeline_report_labels_critics_and_copies_heldout_metrics(tmp_path: Path) -> None:

