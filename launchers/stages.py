@@ -5,7 +5,8 @@
     collect              several trials per training task
     label                action-level labels, error types and rationales
     critic_data          balanced Parquet critic dataset + held-out split
-    train_critic         supervised critic training (when pipeline.critic_train_steps > 0)
+    train_critic         supervised critic training (when pipeline.critic_train_steps > 0), from
+                         critic.model or the warm-started policy (pipeline.critic_base)
     benefit              optional: the critic's net benefit and the verification budget chosen
     collect_with_critic  trials with the critic in the loop (pipeline.collect_budget, or the
                          budget stage benefit chose with pipeline.use_chosen_budget)
