@@ -6,7 +6,7 @@ Run (from the repo root, after ``make quickstart`` has warm-started the embedded
         [--seeds 0 1 2] [--env-steps 2400] [--eval-every 600] [--eval-tasks 20] [--out runs/grpo_compare]
         [key=value ...]
 
-    # the README's figures (23 min on 2 cores)
+    # docs/benches.md's figures (23 min on 2 cores)
     .venv/bin/python bench/grpo_step_vs_outcome.py learner.lr=1e-4
 
     # smoke test: one seed, one optimizer step per method, 4 evaluation tasks (~3 min on 2 cores)
@@ -27,7 +27,7 @@ learner group, :class:`cast_rl.learner.loop.TrainLoop` in sync mode):
   episodes of one task, advantages from their raw outcomes;
 * ``step``: ``algorithm.samples=[step_groups]``, tree rollouts: ``--tree-branches`` - 1 more
   continuations from each decision point ``--tree-points`` names, each state's continuations a
-  group (README, "Critique-aware training samples").
+  group (docs/data-formats.md, "Critique-aware training samples").
 
 Training tasks are the first ``pipeline.train_tasks`` tasks of ``pipeline.train_split`` (as the
 pipeline's training stages); evaluation is the first ``--eval-tasks`` tasks of the test split,

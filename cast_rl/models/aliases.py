@@ -2,7 +2,7 @@
 
 A model pretrained on the web copies a 7-digit order id from the user's message into a tool call
 without effort; a policy of a few million parameters trained from scratch on a laptop does not
-(``bench/identifier_copy.py`` and the README's "The main job" give the measurements).  This is the
+(``bench/identifier_copy.py`` and docs/quickstart.md, "Why aliases", give the measurements).  This is the
 delexicalisation that task-oriented dialogue systems have used since before pretraining: every
 identifier matching one of ``policy.entity_aliases``'s patterns is shown to the policy as
 ``[<label>_<n>]``, numbered by first appearance in the conversation (the order the user names

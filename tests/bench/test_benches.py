@@ -1,4 +1,4 @@
-"""Every bench script runs at a small size and ends with its JSON line, with the keys the README's
+"""Every bench script runs at a small size and ends with its JSON line, with the keys docs/benches.md's
 benchmarks table documents: the scripts keep running, not their figures (no speed is checked).
 
 Each test runs ``python bench/<name>.py <small-size flags>`` from the repo root in a subprocess,

@@ -1,13 +1,13 @@
 """Issue 15's trait table: with the expert policy and each trait-steered scripted user, the share of
-every domain's test tasks still solved is what the README says it is, cell for cell.
+every domain's test tasks still solved is what the docs say it is, cell for cell.
 
-The README ("Checking a set-up with the expert") gives the table made with ``cast-rl eval
+``docs/evaluating.md`` ("Checking a set-up with the expert") gives the table made with ``cast-rl eval
 configs/four_domains_eval.yaml inference.backend=expert eval.trials=1 eval.verification_budgets=[0]
-user.trait=T user.trait_level=L``.  This test reads that table from the README and plays the same
+user.trait=T user.trait_level=L``.  This test reads that table from that page and plays the same
 episodes: the same config file and overrides, the same episode runner the rollout workers run
 (in-process here, without Ray, so the nine rows take minutes rather than most of an hour).  A
 change to the users, the traits, the expert or the reward that moves any cell fails until the
-README says what it now measures.  Needs ``../shared/benchmarks``; ``slow`` (about 3 minutes).
+page says what it now measures.  Needs ``../shared/benchmarks``; ``slow`` (about 3 minutes).
 
 Run: .venv/bin/python -m pytest tests/resolved/test_resolved_trait_table.py -q -m slow
 """
@@ -26,15 +26,16 @@ from cast_rl.rollout.expert import ExpertPolicy
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 
 REPO = Path(__file__).resolve().parents[2]
+TABLE_PAGE = "docs/evaluating.md"  # where the trait table is written
 HEADER = "| scripted user | retail | airline | telecom | telehealth | overall pass^1 |"
 CELL = re.compile(r"(\d+)/(\d+) \((\d\.\d\d)\)")
 
 pytestmark = pytest.mark.slow
 
 
-def readme_rows() -> dict[str, dict[str, tuple[int, int]]]:
+def table_rows() -> dict[str, dict[str, tuple[int, int]]]:
     """Row label -> domain -> (solved, tasks), and the overall pass^1 under key "overall"."""
-    lines = (REPO / "README.md").read_text().splitlines()
+    lines = (REPO / TABLE_PAGE).read_text().splitlines()
     start = lines.index(HEADER)
     domains = [c.strip() for c in HEADER.strip("|").split("|")][1:5]
     rows = {}
@@ -43,13 +44,13 @@ def readme_rows() -> dict[str, dict[str, tuple[int, int]]]:
             break
         label, *cells, overall = [c.strip() for c in line.strip("|").split("|")]
         parsed = {d: CELL.fullmatch(c) for d, c in zip(domains, cells, strict=True)}
-        assert all(parsed.values()), f"README trait table: cannot read {line!r}"
+        assert all(parsed.values()), f"{TABLE_PAGE} trait table: cannot read {line!r}"
         rows[label] = {d: (int(m[1]), int(m[2])) for d, m in parsed.items()} | {"overall": float(overall)}
-    assert rows, "README trait table has no rows"
+    assert rows, f"{TABLE_PAGE} trait table has no rows"
     return rows
 
 
-ROWS = readme_rows()
+ROWS = table_rows()
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def expert(tiny_model_dir: Path) -> ExpertPolicy:
 
 
 @pytest.mark.parametrize("row", list(ROWS))
-def test_trait_row_matches_the_readme(row: str, expert: ExpertPolicy, benchmarks_dir: Path) -> None:
+def test_trait_row_matches_the_table(row: str, expert: ExpertPolicy, benchmarks_dir: Path) -> None:
     overrides = ["inference.backend=expert", "eval.trials=1", "eval.verification_budgets=[0]"]
     if row != "no trait":
         trait, level = row.split()
@@ -73,6 +74,6 @@ def test_trait_row_matches_the_readme(row: str, expert: ExpertPolicy, benchmarks
         trajectories = asyncio.run(runner.run_many([EpisodeSpec("test", i, 0) for i in range(tasks)]))
         measured[domain] = (sum(t.reward == 1.0 for t in trajectories), tasks)
     expected = {d: v for d, v in ROWS[row].items() if d != "overall"}
-    assert measured == expected, f"{row}: measured {measured}, README {expected}"
+    assert measured == expected, f"{row}: measured {measured}, {TABLE_PAGE} {expected}"
     solved, total = (sum(v[i] for v in measured.values()) for i in (0, 1))
     assert round(solved / total, 3) == ROWS[row]["overall"]
