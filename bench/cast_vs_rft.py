@@ -9,8 +9,9 @@ Run (from the repo root)::
     .venv/bin/python bench/cast_vs_rft.py --seeds 0 --out /tmp/cvr --plot /tmp/cvr/plot.png \
         pipeline.warmstart_epochs=1 eval.unseen_tasks=2 eval.trials=4 ...
 
-Per seed (the run's ``seed``: the models' initialisation and every sampling seed; the training
-database stays ``env.generated_seed``), the embedded default (``configs/quickstart.yaml``) runs as
+Per seed (the run's ``seed``, ``policy.seed`` and ``critic.model.seed``: the tiny models' random
+weights, built under ``<out>/seed<k>/models``, and every sampling seed; the training database
+stays ``env.generated_seed``), the embedded default (``configs/quickstart.yaml``) runs as
 users run it, ``python -m launchers.pipeline``, in a process of its own:
 
 * **CAST and RFT** in one pipeline: the quickstart's stages, whose ``optimise_rft`` arm starts
@@ -18,10 +19,11 @@ users run it, ``python -m launchers.pipeline``, in a process of its own:
   collected after ``02_collect`` and takes as many optimizer steps (:func:`launchers.stages.optimise_rft`);
 * **outcome GRPO**: a second pipeline that reuses that run's warm-start and ``01_eval_before``
   (the same starting policy, the same starting figures) and runs only ``optimise`` with
-  ``algorithm.samples=[outcome_groups]`` and no critic (``pipeline.collect_budget=0``), for as
-  many GRPO steps as make CAST's episode count (``02_collect`` + ``06_collect_with_critic`` +
-  its GRPO steps' episodes) at the measured episodes per step, at the config's GRPO learning
-  rate (``pipeline.grpo_lr``, else ``learner.lr``; pass ``pipeline.grpo_lr=...`` to change it).
+  ``algorithm.samples=[outcome_groups]`` and no critic (``pipeline.collect_budget=0``), one
+  collection per step (``algorithm.max_collections_per_step=1``), for as many steps as make
+  CAST's episode count (``02_collect`` + ``06_collect_with_critic`` + its GRPO steps' episodes)
+  to the nearest collection, at the config's GRPO learning rate (``pipeline.grpo_lr``, else
+  ``learner.lr``; pass ``pipeline.grpo_lr=...`` to change it).
 
 Every arm is evaluated without the critic on the unseen databases (``retail/unseen``:
 ``eval.unseen_seeds``, generated with seeds no stage trains on), before training (shared) and
@@ -97,23 +99,30 @@ def pipeline(config: str, run_dir: Path, overrides: list[str]) -> dict[str, Any]
 
 
 def run_seed(args: argparse.Namespace, out: Path, seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    common = [f"seed={seed}", *ARMS, *args.overrides]
+    # The seed's own tiny models (their random weights seeded too): the config's shared path would
+    # hand every seed the first one built, or a `make quickstart`'s.
+    models = out / f"seed{seed}" / "models"
+    common = [f"seed={seed}", f"policy.seed={seed}", f"policy.path={models / 'tiny-policy'}",
+              f"critic.model.seed={seed}", f"critic.model.path={models / 'tiny-critic'}", *ARMS, *args.overrides]
     cast_dir = out / f"seed{seed}" / "cast"
     cast = pipeline(args.config, cast_dir, common)
     stages = cast["stages"]
-    optimise = stages["optimise"]
-    per_step = optimise["grpo_episodes"] / optimise["grpo_steps"] if optimise.get("grpo_steps") else 16.0
     episodes = {"cast": stages["collect"]["episodes"] + stages["collect_with_critic"]["episodes"]
-                + optimise.get("grpo_episodes", 0),
+                + stages["optimise"].get("grpo_episodes", 0),
                 "rft": stages["optimise_rft"]["episodes"]}
-    grpo_steps = max(1, round(episodes["cast"] / per_step))
+    # One collection per GRPO step (no dynamic-sampling re-collection: from the warm-start most
+    # groups have equal outcomes, and re-collecting them took the arm to 608 episodes where CAST
+    # spent 224), so the arm's cost is steps x one collection, the nearest to CAST's episodes.
+    per_collection = collection_episodes(load_config(args.config, common))
+    grpo_steps = max(1, round(episodes["cast"] / per_collection))
     grpo_dir = out / f"seed{seed}" / "grpo"
     for stage in ("00_warmstart", "01_eval_before"):  # the same start: skipped, not rerun
         if not (grpo_dir / stage).exists():
             shutil.copytree(cast_dir / stage, grpo_dir / stage)
     grpo = pipeline(args.config, grpo_dir, [
         *common, "pipeline.stages=[warmstart,eval_before,optimise,eval_after]", "algorithm.samples=[outcome_groups]",
-        f"algorithm.steps={grpo_steps}", "pipeline.collect_budget=0", "critic.backend=rule",
+        f"algorithm.steps={grpo_steps}", "algorithm.max_collections_per_step=1", "pipeline.collect_budget=0",
+        "critic.backend=rule",
         "eval.verification_budgets=[0]"])
     episodes["grpo"] = grpo["stages"]["optimise"].get("grpo_episodes", 0)
     before = _passk(cast["report_json"], "before_no_critic")
@@ -126,6 +135,19 @@ def run_seed(args: argparse.Namespace, out: Path, seed: int) -> tuple[list[dict[
                        if c["kind"] == "CAST - RFT" and c["a"] == "after_no_critic" and c["group"] == GROUP), None)
     diff = {k: comparison["pass^k"][k] for k in ("pass^1", "pass^4") if comparison and k in comparison["pass^k"]}
     return rows, diff
+
+
+def load_config(config: str, overrides: list[str]) -> Any:
+    from cast_rl.config import load_config as load
+
+    return load(config, overrides)
+
+
+def collection_episodes(cfg: Any) -> int:
+    """Episodes one GRPO collection runs: tasks per step x trials per task."""
+    from cast_rl.learner.loop import tasks_per_step
+
+    return tasks_per_step(cfg) * cfg.rollout.trials_per_task
 
 
 def _passk(report: dict[str, Any], name: str) -> dict[str, float]:

@@ -191,4 +191,6 @@ def test_cast_vs_rft(tmp_path: Path) -> None:
     assert result["unseen_tasks"] == 2 and Path(result["plot"]).is_file()
     episodes = result["episodes_by_method"]
     assert episodes["rft"] == episodes["cast"]  # equal collection episodes
+    # outcome GRPO within half a collection (2 tasks x 2 trials) of CAST's episodes
+    assert abs(episodes["grpo"][0] - episodes["cast"][0]) * 2 <= 4, episodes
     assert set(result["cast_minus_rft"]["0"]) == {"pass^1", "pass^4"}
