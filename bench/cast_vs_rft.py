@@ -113,7 +113,7 @@ def run_seed(args: argparse.Namespace, out: Path, seed: int) -> tuple[list[dict[
     # One collection per GRPO step (no dynamic-sampling re-collection: from the warm-start most
     # groups have equal outcomes, and re-collecting them took the arm to 608 episodes where CAST
     # spent 224), so the arm's cost is steps x one collection, the nearest to CAST's episodes.
-    per_collection = collection_episodes(load_config(args.config, common))
+    per_collection = collection_episodes(args.config, common)
     grpo_steps = max(1, round(episodes["cast"] / per_collection))
     grpo_dir = out / f"seed{seed}" / "grpo"
     for stage in ("00_warmstart", "01_eval_before"):  # the same start: skipped, not rerun
@@ -137,16 +137,12 @@ def run_seed(args: argparse.Namespace, out: Path, seed: int) -> tuple[list[dict[
     return rows, diff
 
 
-def load_config(config: str, overrides: list[str]) -> Any:
-    from cast_rl.config import load_config as load
-
-    return load(config, overrides)
-
-
-def collection_episodes(cfg: Any) -> int:
-    """Episodes one GRPO collection runs: tasks per step x trials per task."""
+def collection_episodes(config: str, overrides: list[str]) -> int:
+    """Episodes one GRPO collection of that config runs: tasks per step x trials per task."""
+    from cast_rl.config import load_config
     from cast_rl.learner.loop import tasks_per_step
 
+    cfg = load_config(config, overrides)
     return tasks_per_step(cfg) * cfg.rollout.trials_per_task
 
 
