@@ -1,0 +1,33 @@
+"""CI's 90-minute budget holds however the slow suite grows: `.ci/run` sets
+``CAST_RL_CI_DEADLINE`` and ``tests/conftest.py`` skips a slow test that would start too close to
+it (the reason names the time left); fast tests always run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(deadline: float, node: str, marker: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CAST_RL_CI_DEADLINE": str(int(deadline))}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", node, "-m", marker, "-rs", "-q", "-p", "no:randomly", "-p", "no:cacheprovider"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_a_slow_test_near_the_deadline_is_skipped_with_the_time_left() -> None:
+    out = _run(time.time() + 60, "tests/bench/test_benches.py::test_weight_sync", "slow")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 skipped" in out.stdout and "CI time budget" in out.stdout, out.stdout
+
+
+def test_fast_tests_ignore_the_deadline() -> None:
+    out = _run(time.time() - 10, "tests/test_docs.py", "not slow")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "passed" in out.stdout and "CI time budget" not in out.stdout, out.stdout
