@@ -30,7 +30,7 @@ from typing import Any
 
 import ray
 
-from cast_rl.config.schema import CastConfig
+from cast_rl.config.schema import CastConfig, ScheduleConfig
 from cast_rl.inference.weight_sync import WeightSyncError
 from cast_rl.learner.batch import shard
 from cast_rl.learner.sample import Sample
@@ -72,6 +72,9 @@ class LearnerWorkerActor:
     def set_lr(self, lr: float) -> None:
         self.engine.set_lr(lr)
 
+    def set_schedule(self, schedule: ScheduleConfig, lr: float, total_steps: int) -> None:
+        self.engine.set_schedule(schedule, lr, total_steps)
+
     @ray.method(num_returns=2)
     def gather_weights(self) -> tuple[dict[str, Any] | None, str | None]:
         """Collective; rank 0 returns (full state dict, checksum), the others (None, None)."""
@@ -79,6 +82,13 @@ class LearnerWorkerActor:
 
         state = self.engine.full_state_dict()
         return (state, state_checksum(state)) if self.rank == 0 else (None, None)
+
+    @ray.method(num_returns=2)
+    def gather_adapter(self) -> tuple[Any, str | None]:
+        """Collective (``learner.lora.sync=adapter``); rank 0 returns (the adapter's
+        :class:`~cast_rl.inference.adapters.AdapterUpdate`, its checksum), the others (None, None)."""
+        update = self.engine.adapter_update()
+        return (update, update.checksum) if update is not None else (None, None)
 
     def save_checkpoint(self, path: str) -> None:
         self.engine.save_checkpoint(path)
@@ -155,6 +165,10 @@ class LearnerGroup:
         """Every rank's learning rate for the steps after this call."""
         ray.get([w.set_lr.remote(lr) for w in self.workers])
 
+    def set_schedule(self, schedule: ScheduleConfig, lr: float, total_steps: int) -> None:
+        """Every rank's learning-rate schedule for a phase of ``total_steps`` steps peaking at ``lr``."""
+        ray.get([w.set_schedule.remote(schedule, lr, total_steps) for w in self.workers])
+
     def train_shards(self, shards: list[Any]) -> dict[str, float]:
         """One optimizer step, rank ``r`` on ``shards[r]`` (samples, or an object reference Ray
         resolves in the worker: the replay buffer's draw goes there without the driver)."""
@@ -163,15 +177,21 @@ class LearnerGroup:
         return results[0]
 
     def publish_weights(self) -> tuple[int, Any, str]:
-        """Gather full weights; returns (version, ObjectRef of the state dict, checksum).
+        """Gather full weights; returns (version, ObjectRef of the state dict, checksum).  With
+        ``learner.lora.sync=adapter`` the ObjectRef holds the adapter alone (an
+        :class:`~cast_rl.inference.adapters.AdapterUpdate` the workers serve as ``policy``).
 
         With ``rollout.weight_sync=collective`` nothing is gathered here: the second item is a
         :class:`BroadcastTicket` the collector delivers (the learner broadcasts while the
         engines receive), and the checksum comes with the delivery.
         """
-        if self.cfg.rollout.weight_sync == "collective":
+        lora = self.cfg.learner.lora
+        if lora.enabled and lora.sync == "adapter":  # megabytes: the object store whatever weight_sync says
+            refs = [w.gather_adapter.remote() for w in self.workers]
+        elif self.cfg.rollout.weight_sync == "collective":
             return self.version, BroadcastTicket(self.version, self), ""
-        refs = [w.gather_weights.remote() for w in self.workers]
+        else:
+            refs = [w.gather_weights.remote() for w in self.workers]
         state_ref, checksum_ref = refs[0]
         checksum = ray.get(checksum_ref)
         ray.get([r[1] for r in refs[1:]])  # every rank finished the collective

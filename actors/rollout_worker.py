@@ -28,7 +28,7 @@ class RolloutWorkerActor:
     def __init__(self, cfg: CastConfig, worker_index: int) -> None:
         engine = build_engine(cfg.policy.path, cfg.inference, seed=cfg.seed + worker_index, dtype=cfg.policy.dtype)
         data = load_env_data(cfg)
-        verifier = build_verifier(cfg, data, connect=critic_client)
+        verifier = build_verifier(cfg, data, connect=critic_client, policy_engine=engine)
         self.worker = RolloutWorker(cfg, data, engine, verifier, worker_index=worker_index, connect_critic=critic_client)
         # user.type=llm on user.inference.backend=vllm: the user model's own engine, in this actor
         self.user_engine, self.worker.runner.user_complete = user_engine(cfg.user, seed=cfg.seed + worker_index)

@@ -19,11 +19,24 @@ learner step the new weights go to the worker through the production path,
   state dict gathered, sha256, stored once in Ray's object store, read by the worker, re-hashed,
   packed into the engine.
 
+Then the LoRA paths (``learner.lora``, rank ``--lora-rank`` on every linear layer of the decoder):
+
+* ``adapter_sync_s``: one update with ``learner.lora.sync=adapter`` through the same production
+  call into a fresh rollout worker whose engine serves adapters (``inference.max_lora_rank``): the
+  adapter gathered, checksummed, through the object store, checked again and loaded into vLLM
+  as the ``policy`` adapter (probes before and after included, as in ``sync_s``);
+  ``adapter_vs_full_bytes`` is its size against the full weights'.
+* ``engine_memory_two_adapters_vs_two_engines``: the resident memory of one vLLM engine (its
+  engine-core process tree) serving the base and two adapters (policy and critic, the paper's
+  layout with ``critic.engine=shared_with_policy``) against twice that of an engine serving the
+  model alone (a policy engine plus a critic engine of the same size).
+
 ``probe_s`` and ``receive_load_s`` split the collective sync as the rollout worker saw it: the two
 greedy generations that check the update changed the model, and the broadcast received, checked
 and loaded into the engine.  Both paths are divided by one in-memory copy of the same bytes (the weights in the dtype they are sent
 in; best of 5).  The last line of stdout is one JSON object with ``sync_vs_memcpy``, ``sync_s``,
-``weights_mb`` and ``path`` (the collective path), and the object-store figures beside them.
+``weights_mb`` and ``path`` (the collective path), the object-store figures beside them, and the
+LoRA figures above (``--lora-rank 0`` skips them).
 """
 
 from __future__ import annotations
@@ -37,6 +50,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -63,6 +77,78 @@ def batch(step: int, vocab: int) -> list:
     return [Sample(f"b{step}-{i}", "supervised", x, [0] * 8 + [1] * 24, [0.0] * 32) for i, x in enumerate(ids)]
 
 
+def engine_rss_mb(engine: object) -> float:
+    """Resident memory of the processes an in-process ``VLLMEngine`` started (its engine core and
+    workers), in MiB."""
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    return sum(c.memory_info().rss for c in children if c.is_running()) / 2**20
+
+
+def engine_memory_ratio(model: Path, adapter_dir: Path, max_model_len: int) -> dict[str, float]:
+    """One engine with two adapters against two engines (see the module doc)."""
+    import asyncio
+
+    from cast_rl.config.schema import InferenceConfig
+    from cast_rl.inference.adapters import read_adapter
+    from cast_rl.inference.base import Sampling
+    from cast_rl.inference.vllm_engine import VLLMEngine
+
+    probe = Sampling(max_new_tokens=4, temperature=0.0, logprobs=False)
+
+    async def measure(rank: int) -> float:
+        cfg = InferenceConfig(max_model_len=max_model_len, gpu_memory_utilization=0.15, max_lora_rank=rank)
+        engine = VLLMEngine(model, cfg)
+        try:
+            if rank:
+                for name in ("policy", "critic"):
+                    await engine.load_adapter(read_adapter(adapter_dir, name, 1))
+                    await engine.generate([1, 2, 3], dataclasses.replace(probe, adapter=name))
+            await engine.generate([1, 2, 3], probe)
+            return engine_rss_mb(engine)
+        finally:
+            await engine.close()
+
+    rank = int(json.loads((adapter_dir / "adapter_config.json").read_text())["r"])
+    shared = asyncio.run(measure(rank))
+    alone = asyncio.run(measure(0))
+    return {"engine_memory_two_adapters_vs_two_engines": round(shared / (2 * alone), 3),
+            "engine_rss_mb_two_adapters": round(shared, 1), "engine_rss_mb_alone": round(alone, 1)}
+
+
+def adapter_sync(cfg: Any, vocab: int, rank: int, out: Path) -> dict[str, object]:
+    """One adapter-only update through ``RolloutGroup.update_weights(*LearnerGroup.publish_weights())``."""
+    from actors.learner import LearnerGroup
+    from actors.rollout_group import RolloutGroup
+    from cast_rl.config.schema import LoraConfig
+
+    r = dataclasses.replace
+    lora_cfg = r(cfg, learner=r(cfg.learner, lora=LoraConfig(rank=rank, alpha=2 * rank, sync="adapter")),
+                 inference=r(cfg.inference, max_lora_rank=rank), rollout=r(cfg.rollout, weight_sync="object_store"))
+    group = learner = None
+    try:
+        group, learner = RolloutGroup(lora_cfg), LearnerGroup(lora_cfg)
+        times, nbytes = [], 0
+        for step in range(1, 3):  # the second is timed too: the first adapter is new to the engine
+            learner.train_step(batch(step, vocab))
+            t0 = time.perf_counter()
+            version, ref, checksum = learner.publish_weights()
+            assert group.update_weights(version, ref, checksum) == [learner.version]
+            times.append(time.perf_counter() - t0)
+            import ray
+
+            nbytes = ray.get(ref).nbytes
+        adapter_dir = learner.save_hf(out) / "adapter"
+    finally:
+        for part in (learner, group):
+            if part is not None:
+                part.shutdown()
+    return {"adapter_sync_s": round(times[-1], 4), "adapter_syncs_s": [round(x, 4) for x in times],
+            "adapter_mb": round(nbytes / 2**20, 2), "adapter_bytes": nbytes, "lora_rank": rank,
+            "adapter_dir": adapter_dir}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=9)
@@ -71,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--bucket-mb", type=float, default=256.0)
     parser.add_argument("--reps", type=int, default=2, help="timed syncs per path")
+    parser.add_argument("--lora-rank", type=int, default=16, help="the LoRA figures' adapter rank (0: skip them)")
     parser.add_argument("--gpus", action="store_true",
                         help="engine on a GPU, and the learner on another when there are two (NCCL)")
     args = parser.parse_args(argv)
@@ -129,11 +216,18 @@ def main(argv: list[str] | None = None) -> int:
         nbytes = learner.plan_broadcast().nbytes
         learner.cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, weight_sync="object_store"))
         object_store = [sync() for _ in range(args.reps)]
+        for part in (learner, group):
+            part.shutdown()
+        group = learner = None
+        lora = adapter_sync(cfg, vocab, args.lora_rank, tmp / "lora-model") if args.lora_rank else {}
     finally:
         for part in (learner, group):
             if part is not None:
                 part.shutdown()
         ray.shutdown()
+    if lora:
+        lora.update(engine_memory_ratio(model, lora.pop("adapter_dir"), 512))
+        lora["adapter_vs_full_bytes"] = round(lora["adapter_bytes"] / nbytes, 5)
     copy_s = memcpy_s(nbytes)
     sync_s, store_s = statistics.median(collective), statistics.median(object_store)
     print(f"{params / 1e6:.1f}M parameters, {nbytes / 2**20:.0f} MB in {args.dtype}: collective {sync_s:.3f} s "
@@ -146,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "receive_load_s": round(statistics.median(p["receive_load_s"] for p in parts), 4),
         "params": params, "dtype": args.dtype, "bucket_mb": args.bucket_mb,
         "collective_syncs_s": [round(x, 4) for x in collective], "object_store_syncs_s": [round(x, 4) for x in object_store],
+        **lora,
     }))
     return 0
 

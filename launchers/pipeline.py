@@ -104,7 +104,7 @@ def actor_parts(cfg: CastConfig) -> tuple[str, ...]:
     pipe = cfg.pipeline
     trains = (
         ("warmstart" in pipe.stages and pipe.warmstart_epochs > 0)
-        or ("train_critic" in pipe.stages and pipe.critic_train_steps > 0)
+        or ("train_critic" in pipe.stages and pipe.trains_critic)
         or "optimise" in pipe.stages
     )
     return ("rollout", "critic", "learner") if trains else ("rollout", "critic")

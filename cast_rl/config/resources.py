@@ -33,7 +33,11 @@ class ActorRequest:
 
 
 def critic_request(critic: CriticConfig) -> ActorRequest:
-    """A critic-service actor: no CPU for the rule critic, one CPU and its GPUs for a model."""
+    """A critic-service actor: no CPU for the rule critic, one CPU and its GPUs for a model; none
+    at all for a model critic served by the policy engines (``critic.engine=shared_with_policy``)."""
+    if critic.backend != "rule" and critic.engine == "shared_with_policy":
+        return ActorRequest(0, "critic.engine=shared_with_policy", {"CPU": (0.0, "critic.engine=shared_with_policy"),
+                                                                   "GPU": (0.0, "critic.engine=shared_with_policy")})
     if critic.backend == "rule":
         return ActorRequest(critic.num_replicas, "critic.num_replicas",
                             {"CPU": (0.0, "critic.backend=rule"), "GPU": (0.0, "critic.backend=rule")})

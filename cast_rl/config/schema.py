@@ -8,6 +8,7 @@ with an error that names the key.  Validation that types cannot express lives in
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, fields
 
@@ -137,6 +138,10 @@ class ModelConfig:
                 raise ValueError(f"policy.entity_aliases.{label}: {pattern!r} matches the empty string")
 
 
+VLLM_LORA_RANKS = (0, 1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""inference.max_lora_rank: 0, or a rank vLLM's LoRAConfig takes."""
+
+
 @dataclass(frozen=True)
 class InferenceConfig:
     """An inference engine serving one model."""
@@ -167,9 +172,18 @@ class InferenceConfig:
     """For backend=openai: the environment variable holding the key (never the key itself)."""
     request_timeout_s: float = 120.0
     """A generation call taking longer becomes a recorded failure."""
+    max_lora_rank: int = 0
+    """0: no adapters.  > 0 (vllm): the engine serves LoRA adapters of its model up to this rank,
+    by name (the policy's and the critic's adapters on one engine; adapter-only weight updates)."""
+    max_loras: int = 2
+    """With max_lora_rank > 0: adapters one batch can mix (vLLM's max_loras)."""
 
     def __post_init__(self) -> None:
         _check_choice("inference.backend", self.backend, ("vllm", "openai", "expert"))
+        if self.max_lora_rank not in VLLM_LORA_RANKS:  # vLLM's LoRAConfig refuses any other
+            raise ValueError(f"inference.max_lora_rank={self.max_lora_rank!r} is not allowed; choose 0 (no "
+                             f"adapters) or one of vLLM's ranks {VLLM_LORA_RANKS[1:]}")
+        _check_positive("inference.max_loras", self.max_loras)
         _check_positive("inference.tensor_parallel_size", self.tensor_parallel_size)
         _check_fraction("inference.gpu_memory_utilization", self.gpu_memory_utilization)
         _check_positive("inference.max_model_len", self.max_model_len)
@@ -311,9 +325,19 @@ class CriticConfig:
     max_prompt_chars: int = 24_000
     """For backend=model or trained: the transcript shown to the critic LLM keeps at most this many
     characters (the oldest messages are dropped first; the policy is in its system prompt)."""
+    engine: str = "own"
+    """For backend=model or trained: own (the critic-service actors serve the critic on engines of
+    their own) or shared_with_policy (each rollout worker's policy engine serves the critic as a
+    LoRA adapter beside the policy: one engine and one copy of the base weights per replica; the
+    critic's model.path must hold a peft adapter of the policy's model, as a critic trained with
+    learner.lora saves in <dir>/adapter, and inference.max_lora_rank must cover its rank)."""
 
     def __post_init__(self) -> None:
         _check_choice("critic.backend", self.backend, ("rule", "model", "trained"))
+        _check_choice("critic.engine", self.engine, ("own", "shared_with_policy"))
+        if self.engine == "shared_with_policy" and self.service:
+            raise ValueError("critic.service=true is not allowed with critic.engine=shared_with_policy: the "
+                             "rollout workers' own engines serve the critic, no critic-service actor does")
         if self.model.entity_aliases:
             raise ValueError("critic.model.entity_aliases is not allowed; aliases apply to the policy only "
                              "(policy.entity_aliases)")
@@ -349,6 +373,56 @@ class TeacherConfig:
         if self.enabled and not self.model.path:
             raise ValueError("teacher.model.path='' is not allowed with teacher.enabled=true; "
                              "give the teacher's model directory or endpoint model name")
+
+
+LABELLER_BACKENDS = ("rules", "llm", "hybrid")
+"""Who decides the label stage's verdicts (:mod:`cast_rl.critique.llm_verifier`)."""
+
+
+@dataclass(frozen=True)
+class LabellerConfig:
+    """Who labels the actions of the label stage and ``cast-rl label``."""
+
+    backend: str = "rules"
+    """rules (the hand-written rules per domain plus the replay against the gold actions), llm (the
+    LLM verification framework of cast_rl.critique.llm_verifier: rule and tool extractors,
+    hallucination, domain-violation and tool-call checkers that read the gold actions, the outcome
+    and the final-state difference, and a final verdict) or hybrid (the rules' verdict where a rule
+    fires, the LLM's where none does, and the LLM writes every rationale; a rationale that fails
+    the leakage check falls back to the rules' one)."""
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(path="", make_tiny_if_missing=False))
+    """For backend=llm or hybrid: the verifier's local HF directory (inference.backend=vllm) or the
+    endpoint's model name (openai)."""
+    inference: InferenceConfig = field(
+        default_factory=lambda: InferenceConfig(temperature=0.0, max_new_tokens=384, max_model_len=4096,
+                                                request_timeout_s=3600.0)
+    )
+    """The engine serving the verifier; every answer is decoded under its role's JSON schema
+    (vLLM's structured outputs), so max_new_tokens only has to cover the schemas' string limits.
+    A call waits in the engine's queue behind the others (all of a stage are sent at once), hence
+    the long request timeout."""
+    max_prompt_chars: int = 6000
+    """The transcript shown to each role keeps at most this many characters (oldest dropped)."""
+    max_concurrency: int = 32
+    """LLM calls in flight at once (the engine batches them)."""
+    num_gpus: float = 0.0
+    """Ray GPUs of the verifier-service actor the pipeline's label stage starts (set it on GPU
+    clusters); the CLI runs the verifier in its own process."""
+    num_cpus: float = 1.0
+    """Ray CPUs of the verifier-service actor."""
+
+    def __post_init__(self) -> None:
+        _check_choice("labeller.backend", self.backend, LABELLER_BACKENDS)
+        if self.backend != "rules" and not self.model.path:
+            raise ValueError(f"labeller.model.path='' is not allowed with labeller.backend={self.backend}; "
+                             "give the verifier's model directory or endpoint model name")
+        if self.inference.backend == "expert":
+            raise ValueError("labeller.inference.backend='expert' is not allowed; serve the verifier "
+                             "with vllm or openai")
+        _check_positive("labeller.max_prompt_chars", self.max_prompt_chars)
+        _check_positive("labeller.max_concurrency", self.max_concurrency)
+        _check_positive("labeller.num_gpus", self.num_gpus, allow_zero=True)
+        _check_positive("labeller.num_cpus", self.num_cpus, allow_zero=True)
 
 
 @dataclass(frozen=True)
@@ -426,6 +500,44 @@ class ReplayBufferConfig:
         _check_choice("replay.stale_policy", self.stale_policy, ("drop", "wait"))
 
 
+LORA_TARGETS_ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+"""Every linear layer of a Qwen/Llama decoder block: the default LoRA targets."""
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters in the learner (peft): the base weights stay frozen, only the adapters train."""
+
+    rank: int | None = None
+    """Adapter rank r (None: no adapter, every weight trains)."""
+    alpha: int = 16
+    """LoRA alpha: the weight update is alpha / rank x B @ A."""
+    dropout: float = 0.0
+    """Dropout on each adapter's input while training."""
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS_ALL_LINEAR))
+    """Module names (peft matches them as suffixes of the full names) that get an adapter."""
+    sync: str = "merged"
+    """What a weight update sends the rollout engines: merged (the full weights, base + adapter,
+    through rollout.weight_sync) or adapter (the adapter alone, megabytes, through the object
+    store; the policy engines serve it as a LoRA adapter, so inference.max_lora_rank must be at
+    least the rank)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank is not None
+
+    def __post_init__(self) -> None:
+        if self.rank is not None and self.rank <= 0:
+            raise ValueError(f"learner.lora.rank={self.rank!r} is not allowed; it must be > 0 (null turns LoRA off)")
+        _check_positive("learner.lora.alpha", self.alpha)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"learner.lora.dropout={self.dropout!r} is not allowed; it must be in [0, 1)")
+        if not self.target_modules or not all(self.target_modules):
+            raise ValueError(f"learner.lora.target_modules={self.target_modules!r} is not allowed; name at "
+                             f"least one module, e.g. [q_proj, v_proj]")
+        _check_choice("learner.lora.sync", self.sync, ("merged", "adapter"))
+
+
 @dataclass(frozen=True)
 class LearnerConfig:
     """FSDP learner workers."""
@@ -471,6 +583,8 @@ class LearnerConfig:
     predict a loss token; the rest of a conversation is context, and the vocabulary-sized
     logits, their log-softmax and its gradient are skipped there) or all (every position).  Both
     give the same losses and gradients (bench/learner_throughput.py measures the speed-up)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters instead of full fine-tuning (off unless lora.rank is set)."""
 
     def __post_init__(self) -> None:
         _check_ray_resources("learner.ray_resources", self.ray_resources)
@@ -717,6 +831,52 @@ STAGE_DIRS = {
 predecessor's number and a letter, so adding one leaves the other stages' directories (and the
 runs already on disk) as they were."""
 
+LR_SCHEDULES = ("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr")
+"""transformers ``get_scheduler`` names a training phase may use (``pipeline.*_schedule.name``)."""
+CRITIC_LOSSES = ("single", "two_term")
+"""How critic training weighs the critic's answer (``pipeline.critic_loss``)."""
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """The learning-rate schedule of one supervised phase, over its steps (cast_rl.learner.schedule)."""
+
+    name: str = "constant"
+    """constant, constant_with_warmup, linear, cosine or cosine_with_min_lr (transformers'
+    scheduler names): after the warm-up, linear and the cosines decay to 0 (cosine_with_min_lr to
+    min_lr_rate x the peak) at the phase's last step; the peak is the phase's learning rate."""
+    warmup_ratio: float = 0.0
+    """Share of the phase's steps that warm up linearly from 0, rounded up (as transformers'
+    Trainer does); the first step of a warm-up runs at learning rate 0."""
+    warmup_steps: int | None = None
+    """Warm-up steps instead of warmup_ratio (None: warmup_ratio decides)."""
+    min_lr_rate: float = 0.0
+    """cosine_with_min_lr only: the floor as a fraction of the peak learning rate."""
+
+    def __post_init__(self) -> None:
+        _check_choice("pipeline.*_schedule.name", self.name, LR_SCHEDULES)
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ValueError(f"pipeline.*_schedule.warmup_ratio={self.warmup_ratio!r} is not allowed; it must be in [0, 1)")
+        if self.warmup_steps is not None:
+            _check_positive("pipeline.*_schedule.warmup_steps", self.warmup_steps, allow_zero=True)
+            if self.warmup_ratio:
+                raise ValueError(f"pipeline.*_schedule.warmup_steps={self.warmup_steps} is not allowed with "
+                                 f"warmup_ratio={self.warmup_ratio}; set one of the two")
+        if self.name == "constant" and self.warmup(1_000_000):
+            raise ValueError("pipeline.*_schedule.name='constant' is not allowed with a warm-up (transformers' "
+                             "constant schedule has none); choose constant_with_warmup")
+        if not 0.0 <= self.min_lr_rate < 1.0:
+            raise ValueError(f"pipeline.*_schedule.min_lr_rate={self.min_lr_rate!r} is not allowed; it must be in [0, 1)")
+        if self.min_lr_rate and self.name != "cosine_with_min_lr":
+            raise ValueError(f"pipeline.*_schedule.min_lr_rate={self.min_lr_rate!r} is not allowed with "
+                             f"name={self.name!r}; only cosine_with_min_lr has a floor")
+
+    def warmup(self, total_steps: int) -> int:
+        """Warm-up steps of a phase of ``total_steps`` steps."""
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return math.ceil(total_steps * self.warmup_ratio - 1e-9)  # 0.3 x 10 is 3, not 3.0000000000000004
+
 
 @dataclass(frozen=True)
 class PipelineConfig:
@@ -739,6 +899,9 @@ class PipelineConfig:
     critic_train_steps: int = 0
     """Supervised steps of the critic model on the critic dataset (0 skips critic training;
     the rule-based critic then serves the loop unless critic.backend=model)."""
+    critic_epochs: int | None = None
+    """Epochs over the critic dataset instead of critic_train_steps (which must then be 0):
+    ceil(epochs x examples / learner.global_batch_size) steps.  None: critic_train_steps decides."""
     collect_budget: int = 1
     """Verification budget of the collect_with_critic stage (and of optimise's collection); 0
     collects without the critic (e.g. outcome GRPO as a baseline)."""
@@ -748,6 +911,12 @@ class PipelineConfig:
     sft_steps: int = 0
     """Supervised steps on successful critique-corrected trajectories (the paper's recipe) in
     the optimise stage, when algorithm.samples includes supervised."""
+    sft_epochs: int | None = None
+    """Epochs over the optimise stage's supervised samples instead of sft_steps (which must then
+    be 0): ceil(epochs x samples / learner.global_batch_size) steps.  None: sft_steps decides."""
+    sft_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """Learning-rate schedule of the optimise stage's fine-tuning (peak learner.lr; GRPO after it
+    runs at the constant grpo_lr) and of optimise_rft's."""
     grpo_lr: float | None = None
     """Learning rate of the optimise stage's GRPO steps, after its fine-tuning at learner.lr
     (None: learner.lr).  A policy gradient wants a far smaller step than supervised
@@ -755,6 +924,8 @@ class PipelineConfig:
     fine-tuning's 5e-4 took unseen-database pass^1 from 0.747 (fine-tuning alone) to 0.403."""
     warmstart_lr: float = 1e-3
     """Learning rate of the warm-start (a tiny random model needs a large one)."""
+    warmstart_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """Learning-rate schedule of the warm-start (peak warmstart_lr)."""
     warmstart_teacher: str = "expert"
     """Who demonstrates: expert (the task's gold actions) or noisy_expert (generated retail
     only: a teacher that makes CAST's errors at warmstart_error_rate; cast_rl.rollout.noisy_expert)."""
@@ -774,6 +945,16 @@ class PipelineConfig:
     so the policy also sees critiques and the corrected step."""
     critic_lr: float = 1e-4
     """Learning rate of critic training."""
+    critic_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """Learning-rate schedule of critic training (peak critic_lr)."""
+    critic_loss: str = "single"
+    """single (one cross-entropy token mean over the critic's whole answer) or two_term
+    (critic_verdict_weight x the token mean over its VERDICT and ERROR lines + critic_explanation_weight
+    x the token mean over the rest of the answer; cast_rl.learner.losses.critic_terms)."""
+    critic_verdict_weight: float = 1.0
+    """critic_loss=two_term: weight of the verdict term."""
+    critic_explanation_weight: float = 1.0
+    """critic_loss=two_term: weight of the explanation term."""
     critic_base: str = "model"
     """What stage train_critic starts from: model (critic.model.path, built tiny with
     make_tiny_if_missing) or warmstart (the warm-started policy, 00_warmstart/model: the domain's
@@ -856,6 +1037,12 @@ class PipelineConfig:
             raise ValueError(f"pipeline.use_chosen_budget=True is not allowed with pipeline.stages={self.stages}: "
                              "no stage uses a verification budget; add collect_with_critic, optimise or eval_after")
         _check_positive("pipeline.sft_steps", self.sft_steps, allow_zero=True)
+        for steps, epochs in (("sft_steps", "sft_epochs"), ("critic_train_steps", "critic_epochs")):
+            if getattr(self, epochs) is not None:
+                _check_positive(f"pipeline.{epochs}", getattr(self, epochs))
+                if getattr(self, steps):
+                    raise ValueError(f"pipeline.{steps}={getattr(self, steps)} is not allowed with pipeline.{epochs}="
+                                     f"{getattr(self, epochs)}; set one of the two ({steps}=0 to count in epochs)")
         if self.grpo_lr is not None:
             _check_positive("pipeline.grpo_lr", self.grpo_lr)
         _check_positive("pipeline.warmstart_lr", self.warmstart_lr)
@@ -869,6 +1056,15 @@ class PipelineConfig:
             _check_choice("pipeline.warmstart_errors[]", kind,
                           ("missing_confirmation", "wrong_argument", "fabricated_id"))
         _check_positive("pipeline.critic_lr", self.critic_lr)
+        _check_choice("pipeline.critic_loss", self.critic_loss, CRITIC_LOSSES)
+        for key in ("critic_verdict_weight", "critic_explanation_weight"):
+            _check_positive(f"pipeline.{key}", getattr(self, key), allow_zero=True)
+            if self.critic_loss == "single" and getattr(self, key) != 1.0:
+                raise ValueError(f"pipeline.{key}={getattr(self, key)!r} is not allowed with pipeline.critic_loss="
+                                 "'single' (one term, no weights); set pipeline.critic_loss=two_term")
+        if not self.critic_verdict_weight + self.critic_explanation_weight:
+            raise ValueError("pipeline.critic_verdict_weight=0 and pipeline.critic_explanation_weight=0 are not "
+                             "allowed together; the critic would learn nothing")
         _check_choice("pipeline.critic_valid_answer", self.critic_valid_answer, ("full", "verdict"))
         _check_choice("pipeline.critic_base", self.critic_base, ("model", "warmstart"))
         _check_positive("pipeline.critic_valid_per_invalid", self.critic_valid_per_invalid)
@@ -897,6 +1093,11 @@ class PipelineConfig:
         if self.benefit_tasks is not None:
             _check_positive("pipeline.benefit_tasks", self.benefit_tasks)
 
+    @property
+    def trains_critic(self) -> bool:
+        """Stage train_critic trains (critic_train_steps > 0 or critic_epochs set)."""
+        return self.critic_train_steps > 0 or self.critic_epochs is not None
+
 
 @dataclass(frozen=True)
 class CastConfig:
@@ -918,6 +1119,8 @@ class CastConfig:
     """The critic and the verification loop."""
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     """The optional teacher that rewrites rationales."""
+    labeller: LabellerConfig = field(default_factory=LabellerConfig)
+    """Who labels actions: the rules, the LLM verifier or both (stage label, ``cast-rl label``)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Rollout workers."""
     replay: ReplayBufferConfig = field(default_factory=ReplayBufferConfig)
@@ -938,10 +1141,11 @@ class CastConfig:
     def __post_init__(self) -> None:
         if not self.run_dir:
             raise ValueError("run_dir='' is not allowed; give a directory for the run's outputs")
-        if self.critic.backend == "trained" and self.pipeline.critic_train_steps == 0:
+        if self.critic.backend == "trained" and not self.pipeline.trains_critic:
             raise ValueError(
                 "critic.backend='trained' is not allowed with pipeline.critic_train_steps=0: no critic "
-                "is trained; set pipeline.critic_train_steps > 0 or choose critic.backend=rule or model"
+                "is trained; set pipeline.critic_train_steps > 0 (or pipeline.critic_epochs) or choose "
+                "critic.backend=rule or model"
             )
         if self.eval.unseen_seeds and self.env.data_dir:
             raise ValueError(
@@ -952,6 +1156,21 @@ class CastConfig:
             raise ValueError(
                 f"eval.unseen_seeds={self.eval.unseen_seeds} is not allowed with env.generated_seed="
                 f"{self.env.generated_seed}: training reads that database, so it is not unseen"
+            )
+        if self.critic.engine == "shared_with_policy" and (self.inference.backend != "vllm"
+                                                          or not self.inference.max_lora_rank):
+            raise ValueError(
+                f"critic.engine=shared_with_policy is not allowed with inference.backend={self.inference.backend!r} "
+                f"and inference.max_lora_rank={self.inference.max_lora_rank}: the policy's vllm engine serves the "
+                "critic as an adapter; set inference.max_lora_rank to the critic adapter's rank or more"
+            )
+        lora = self.learner.lora
+        if lora.enabled and lora.sync == "adapter" and (self.inference.backend != "vllm"
+                                                         or self.inference.max_lora_rank < (lora.rank or 0)):
+            raise ValueError(
+                f"learner.lora.sync=adapter is not allowed with inference.backend={self.inference.backend!r} and "
+                f"inference.max_lora_rank={self.inference.max_lora_rank}: the policy engines serve the adapter, "
+                f"so they must be vllm with inference.max_lora_rank >= learner.lora.rank={lora.rank}"
             )
         n = self.rollout.trials_per_task if self.eval.trials is None else self.eval.trials
         if self.eval.k_values and max(self.eval.k_values) > n:

@@ -166,26 +166,10 @@ class Labeller:
         env = ToolEnv(self.data, trajectory.split, trajectory.task_index, max_steps=None)
         gold = [a for a in env.task.actions]
         gold_keys = {_key(a.name, a.kwargs) for a in gold}
-        executed = {
-            (r.message_index, r.name, json.dumps(r.kwargs, sort_keys=True, default=str))
-            for r in tool_history(messages, len(messages))
-            if r.output is not None
-        }
-        # the runner's turn records say which turns ran and which failed to parse; conversations
-        # without them (gold plans, demonstrations, older files) are read from their shape
-        turns = {t.message_index: t for t in trajectory.turns}
         labels = []
-        for action in iter_actions(messages, malformed_turns(trajectory)):
+        for action, ran in actions_ran(trajectory):
             visible = Visible(self.data.policy, messages[: action.message_index], self.data.tools)
             findings = visible_findings(action, visible, self.rules, messages[action.message_index])
-            turn = turns.get(action.message_index)
-            if turn is not None:  # only a turn's first call runs (the source runs one per turn)
-                ran = turn.executed and action.call_index <= 0
-            elif action.is_reply:
-                ran = not _rejected(messages, action.message_index)
-            else:
-                ran = (action.message_index, action.name,
-                       json.dumps(action.kwargs, sort_keys=True, default=str)) in executed
             changed = False
             if not action.is_reply and action.name != MALFORMED:
                 db = env.db if ran else env.db.fork()
@@ -315,6 +299,31 @@ def decisive_label(labels: list[ActionLabel]) -> ActionLabel | None:
     return next((label for label in invalid if label.changed_state), invalid[0] if invalid else None)
 
 
+def actions_ran(trajectory: Trajectory) -> list[tuple[ActionRef, bool]]:
+    """Every action of a trajectory (:func:`iter_actions`) and whether it ran."""
+    messages = trajectory.messages
+    executed = {
+        (r.message_index, r.name, json.dumps(r.kwargs, sort_keys=True, default=str))
+        for r in tool_history(messages, len(messages))
+        if r.output is not None
+    }
+    # the runner's turn records say which turns ran and which failed to parse; conversations
+    # without them (gold plans, demonstrations, older files) are read from their shape
+    turns = {t.message_index: t for t in trajectory.turns}
+    out = []
+    for action in iter_actions(messages, malformed_turns(trajectory)):
+        turn = turns.get(action.message_index)
+        if turn is not None:  # only a turn's first call runs (the source runs one per turn)
+            ran = turn.executed and action.call_index <= 0
+        elif action.is_reply:
+            ran = not _rejected(messages, action.message_index)
+        else:
+            ran = (action.message_index, action.name,
+                   json.dumps(action.kwargs, sort_keys=True, default=str)) in executed
+        out.append((action, ran))
+    return out
+
+
 def malformed_turns(trajectory: Trajectory) -> set[int] | None:
     """Message indices of the turns the runner could not parse; None for a trajectory without
     turn records (then :func:`iter_actions` reads malformed turns from the messages' shape)."""
@@ -382,6 +391,15 @@ def label_file(
     """Label every trajectory of a file (``trajectory_index`` = its position) and write JSONL."""
     labeller = Labeller(data)
     labels: list[ActionLabel] = []
+    read = read_for_labelling(data, trajectories)
+    for index, trajectory in enumerate(read):
+        labels += labeller.label(trajectory, index)
+    write_labels(out, labels)
+    return labels, read, labeller
+
+
+def read_for_labelling(data: DomainData, trajectories: str | Path) -> list[Trajectory]:
+    """A trajectories file's trajectories, each checked to be a task of ``data``."""
     read: list[Trajectory] = []
     for lineno, trajectory in iter_numbered(trajectories):
         where = f"{trajectories}:{lineno}"
@@ -393,10 +411,8 @@ def label_file(
             data.task(trajectory.split, trajectory.task_index)
         except (ValueError, IndexError) as exc:
             raise TrajectoryFormatError(f"{where}: {exc}") from None
-        labels += labeller.label(trajectory, len(read))
         read.append(trajectory)
-    write_labels(out, labels)
-    return labels, read, labeller
+    return read
 
 
 def write_labels(path: str | Path, labels: list[ActionLabel]) -> None:

@@ -166,6 +166,17 @@ CRITIQUE_REGEX = (
 (``critic.structured``): the verdict and an error type that agrees with it come first, then the
 optional fields in order, each on one line, so every answer :func:`parse_critique` reads."""
 
+_VERDICT_LINES = re.compile(r"VERDICT: [^\n]*\nERROR: [^\n]*")
+
+
+def verdict_length(text: str) -> int:
+    """Characters of the VERDICT and ERROR lines a critique in the fixed format begins with: its
+    verdict, which critic training may weigh apart from the explanation (``pipeline.critic_loss``)."""
+    match = _VERDICT_LINES.match(text)
+    if match is None:
+        raise ValueError(f"a critique must begin with its VERDICT and ERROR lines, got {text[:60]!r}")
+    return match.end()
+
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())

@@ -49,14 +49,20 @@ def _model(cfg: CriticConfig, tools: dict[str, list[dict[str, Any]]] | None, eng
         )
     if engine is None:
         engine = build_engine(cfg.model.path, cfg.inference, seed=cfg.model.seed)
-    sampling = Sampling(
+    return ModelVerifier(engine, critic_sampling(cfg), max_prompt_chars=cfg.max_prompt_chars, name=cfg.model.path)
+
+
+def critic_sampling(cfg: CriticConfig, adapter: str | None = None) -> Sampling:
+    """How a model critic decodes (``critic.inference``, its format enforced with ``critic.structured``);
+    ``adapter``: the LoRA adapter it is served as (``critic.engine=shared_with_policy``)."""
+    return Sampling(
         max_new_tokens=cfg.inference.max_new_tokens,
         temperature=cfg.inference.temperature,
         top_p=cfg.inference.top_p,
         logprobs=False,
         regex=CRITIQUE_REGEX if cfg.structured else None,
+        adapter=adapter,
     )
-    return ModelVerifier(engine, sampling, max_prompt_chars=cfg.max_prompt_chars, name=cfg.model.path)
 
 
 BACKENDS: dict[str, Callable[[CriticConfig, Any, Any], Verifier]] = {

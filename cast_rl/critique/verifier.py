@@ -72,9 +72,13 @@ class ModelVerifier:
     """
 
     def __init__(
-        self, engine: Any, sampling: Any = None, max_prompt_chars: int = 24_000, name: str = ""
+        self, engine: Any, sampling: Any = None, max_prompt_chars: int = 24_000, name: str = "",
+        owns_engine: bool = True,
     ) -> None:
         self.engine = engine
+        self.owns_engine = owns_engine
+        """:meth:`close` shuts the engine down (False: the engine is another's, e.g. the policy's
+        engine serving this critic as an adapter)."""
         self.sampling = sampling or Sampling(max_new_tokens=256, temperature=0.0, logprobs=False)
         self.max_prompt_chars = max_prompt_chars
         self.name = name or str(getattr(engine, "model_path", "model"))
@@ -90,8 +94,9 @@ class ModelVerifier:
         return [replace(self.parse(r), critic=self.name) for r in results]
 
     async def close(self) -> None:
-        """Shut the critic's engine down (its processes and memory)."""
-        await self.engine.close()
+        """Shut the critic's engine down (its processes and memory), if it is the critic's own."""
+        if self.owns_engine:
+            await self.engine.close()
 
     @staticmethod
     def parse(result: Any) -> Critique:

@@ -33,6 +33,17 @@ class Sampling:
     regex: str | None = None
     """Constrain the completion to this regular expression (structured decoding: vLLM's
     structured outputs, also through an OpenAI-compatible vLLM server)."""
+    json_schema: dict[str, Any] | None = None
+    """Constrain the completion to JSON valid under this JSON schema (vLLM's structured outputs
+    ``json``); at most one of ``regex`` and ``json_schema``."""
+    adapter: str | None = None
+    """The LoRA adapter this request runs with (``policy``, ``critic``): a vLLM engine with
+    ``inference.max_lora_rank > 0`` serves the adapters loaded into it by name; None is the base
+    model."""
+
+    def __post_init__(self) -> None:
+        if self.regex is not None and self.json_schema is not None:
+            raise ValueError("Sampling: regex and json_schema are both set; structured decoding takes one")
 
 
 @dataclass

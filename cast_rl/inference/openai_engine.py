@@ -103,7 +103,14 @@ class OpenAIEngine:
             args["stop"] = list(sampling.stop)
         if sampling.regex:  # vLLM's OpenAI-compatible server: structured outputs in the extra body
             args["extra_body"] = {"structured_outputs": {"regex": sampling.regex}}
+        if sampling.json_schema is not None:
+            args["extra_body"] = {"structured_outputs": {"json": sampling.json_schema, "disable_any_whitespace": True}}
         return args
+
+    def _model(self, sampling: Sampling) -> str:
+        """The model a request names: a LoRA adapter by its served name (``vllm serve --lora-modules
+        NAME=DIR``), else the base model."""
+        return sampling.adapter or self.model_path
 
     async def chat(
         self,
@@ -119,7 +126,7 @@ class OpenAIEngine:
             args["extra_body"] = {**args.get("extra_body", {}), "ignore_eos": True}
         response = await self._call(
             "chat completion",
-            self._client.chat.completions.create(model=self.model_path, messages=messages, **args),  # type: ignore[arg-type]
+            self._client.chat.completions.create(model=self._model(sampling), messages=messages, **args),  # type: ignore[arg-type]
         )
         choice = response.choices[0]
         return Completion(
@@ -134,7 +141,7 @@ class OpenAIEngine:
         response = await self._call(
             "completion",
             self._client.completions.create(
-                model=self.model_path,
+                model=self._model(sampling),
                 prompt=list(prompt_ids),
                 logprobs=0 if sampling.logprobs else None,
                 extra_body={

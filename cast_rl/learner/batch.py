@@ -37,6 +37,10 @@ class MicroBatch:
     tokens, 0 elsewhere."""
     is_policy: torch.Tensor
     """(B,) bool: True takes the policy loss, False the supervised loss."""
+    verdict_mask: torch.Tensor
+    """(B, L-1) float, 1 where the predicted token is in a critic answer's verdict lines."""
+    explanation_mask: torch.Tensor
+    """(B, L-1) float, 1 on the other loss tokens of samples that mark a verdict."""
 
     @property
     def policy_mask(self) -> torch.Tensor:
@@ -66,6 +70,8 @@ def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
     mask = torch.zeros((b, length), dtype=torch.float32)
     old = torch.zeros((b, length), dtype=torch.float32)
     adv = torch.zeros((b, length), dtype=torch.float32)
+    verdict = torch.zeros((b, length), dtype=torch.float32)
+    marked = torch.zeros((b, length), dtype=torch.float32)
     for i, s in enumerate(samples):
         n = len(s.token_ids)
         ids[i, :n] = torch.tensor(s.token_ids, dtype=torch.long)
@@ -75,6 +81,9 @@ def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
         adv[i, :n] = s.advantage
         for start, end, value in s.span_advantages:
             adv[i, int(start):int(end)] = value
+        if s.verdict_mask:
+            verdict[i, :n] = torch.tensor(s.verdict_mask, dtype=torch.float32)
+            marked[i, :n] = mask[i, :n]
     # The first token is never predicted: nothing before it, so it can carry no loss.
     loss_mask = mask[:, 1:]
     return MicroBatch(
@@ -85,6 +94,8 @@ def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
         old_logprobs=old[:, 1:] * loss_mask,
         advantages=adv[:, 1:] * loss_mask,
         is_policy=torch.tensor([s.is_policy for s in samples], dtype=torch.bool),
+        verdict_mask=verdict[:, 1:],
+        explanation_mask=(marked - verdict)[:, 1:],
     )
 
 

@@ -33,7 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from cast_rl.config.schema import CastConfig
+from cast_rl.config.schema import CastConfig, ScheduleConfig
 from cast_rl.inference.weight_sync import state_checksum
 from cast_rl.learner import checkpoint
 from cast_rl.learner.critique_samples import build_samples, zero_variance_groups
@@ -98,7 +98,17 @@ class LocalLearner:
     def train_step(self, samples: list[Sample]) -> dict[str, float]:
         return self.engine.train_step(samples)
 
+    def set_lr(self, lr: float) -> None:
+        self.engine.set_lr(lr)
+
+    def set_schedule(self, schedule: ScheduleConfig, lr: float, total_steps: int) -> None:
+        self.engine.set_schedule(schedule, lr, total_steps)
+
     def publish_weights(self) -> tuple[int, Any, str]:
+        lora = self.engine.cfg.learner.lora
+        if lora.enabled and lora.sync == "adapter":
+            update = self.engine.adapter_update()
+            return self.engine.version, update, update.checksum
         state = self.engine.full_state_dict()
         return self.engine.version, state, state_checksum(state)
 

@@ -34,6 +34,10 @@ class GlobalBatchInfo:
     """Policy samples with at least one loss token."""
     supervised_tokens: int
     supervised_seqs: int
+    verdict_tokens: int = 0
+    """Supervised tokens of a critic answer's verdict lines (:attr:`Sample.verdict_mask`)."""
+    explanation_tokens: int = 0
+    """The other supervised tokens of samples that mark a verdict."""
 
     def verl_info(self, policy: bool) -> dict[str, int]:
         """The ``global_batch_info`` verl's aggregation reads, for one loss term."""
@@ -121,3 +125,19 @@ def supervised_loss(logprobs: torch.Tensor, mask: torch.Tensor, info: GlobalBatc
     from verl.trainer.ppo import core_algos
 
     return core_algos.agg_loss(-logprobs, mask, "token-mean", **info.verl_info(policy=False))
+
+
+def critic_terms(logprobs: torch.Tensor, verdict_mask: torch.Tensor, explanation_mask: torch.Tensor,
+                 info: GlobalBatchInfo) -> tuple[torch.Tensor, torch.Tensor]:
+    """(verdict, explanation) cross-entropies of critic answers, each a token mean over the global
+    batch's tokens of its kind (0 for a kind the batch lacks): the two terms of
+    ``pipeline.critic_loss=two_term``, ``w_verdict x verdict + w_explanation x explanation``."""
+    from verl.trainer.ppo import core_algos
+
+    def term(mask: torch.Tensor, tokens: int) -> torch.Tensor:
+        if not tokens:
+            return (logprobs * 0.0).sum()
+        return core_algos.agg_loss(-logprobs, mask, "token-mean", dp_size=info.dp_size, batch_num_tokens=tokens,
+                                   global_batch_size=info.supervised_seqs)
+
+    return term(verdict_mask, info.verdict_tokens), term(explanation_mask, info.explanation_tokens)

@@ -10,6 +10,8 @@ example) and 0 elsewhere; ``logprobs`` holds the behaviour policy's log-probabil
 policy token (0.0 elsewhere, and 0.0 everywhere for supervised samples).  ``advantage`` is the
 sequence's outcome advantage (every outcome estimator we allow gives one value per sequence);
 ``span_advantages`` overrides it on the token ranges of turns that have their own credit.
+A critic's training example may mark, in ``verdict_mask``, the loss tokens of its answer's verdict
+lines (``pipeline.critic_loss=two_term`` weighs them apart from the rest of the answer).
 
 This module does not import torch: the replay buffer and its Ray actor stay light.
 """
@@ -50,6 +52,9 @@ class Sample:
     """``[start, end, value]`` token ranges whose advantage is ``value`` instead of
     ``advantage`` (turn-level credit: a turn the critic judged, a rejected proposal)."""
     info: dict[str, Any] = field(default_factory=dict)
+    verdict_mask: list[int] = field(default_factory=list)
+    """Supervised critic examples: 1 on the loss tokens of the answer's VERDICT and ERROR lines, 0
+    elsewhere (the rest of the loss tokens are its explanation); empty: no marking."""
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -60,6 +65,13 @@ class Sample:
                 f"sample {self.key!r}: token_ids has {n} entries, loss_mask "
                 f"{len(self.loss_mask)}, logprobs {len(self.logprobs)}; they must match"
             )
+        if self.verdict_mask:
+            if self.is_policy:
+                raise ValueError(f"sample {self.key!r}: a verdict_mask is for supervised critic examples, not "
+                                 f"source={self.source!r}")
+            if len(self.verdict_mask) != n or any(v not in (0, 1) or v > m for v, m in zip(self.verdict_mask, self.loss_mask)):
+                raise ValueError(f"sample {self.key!r}: verdict_mask must hold {n} entries of 0 or 1, 1 only where "
+                                 "loss_mask is 1")
 
     @property
     def is_policy(self) -> bool:

@@ -108,7 +108,7 @@ def check_critic_base(cfg: CastConfig) -> None:
     """With ``pipeline.critic_base=warmstart``, stage train_critic needs the warm-started policy:
     the warmstart stage runs first or saved it earlier, else ConfigError before anything starts."""
     pipe = cfg.pipeline
-    if (pipe.critic_base != "warmstart" or "train_critic" not in pipe.stages or not pipe.critic_train_steps
+    if (pipe.critic_base != "warmstart" or "train_critic" not in pipe.stages or not pipe.trains_critic
             or ("warmstart" in pipe.stages and pipe.warmstart_epochs > 0)
             or (warmstart_model_path(cfg) / "config.json").exists()
             or (stage_dir(cfg, "train_critic") / "DONE.json").exists()):

@@ -2,7 +2,10 @@
 
 Plain library object; :mod:`actors.rollout_worker` is its Ray shell.  ``collect`` runs episodes
 concurrently through :class:`~cast_rl.rollout.runner.EpisodeRunner`; ``update_weights`` swaps the
-policy weights in place under a new version, pausing generation while it does so.
+policy weights in place under a new version, pausing generation while it does so: full weights,
+or, from a learner with ``learner.lora``, the policy's LoRA adapter alone
+(:class:`~cast_rl.inference.adapters.AdapterUpdate`), after which every policy request runs with
+that adapter.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from cast_rl.critique.blame import BlameRecord, verify_blame
 from cast_rl.critique.service import critic_description
 from cast_rl.critique.verifier import GuardedVerifier
 from cast_rl.envs.core import DomainData
+from cast_rl.inference.adapters import AdapterUpdate
 from cast_rl.inference.base import Completion, InferenceEngine, Sampling
 from cast_rl.inference.weight_sync import WeightSyncError, state_checksum
 from cast_rl.records import Trajectory
@@ -32,11 +36,14 @@ _PROBE = "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
 
 
 class PausableEngine:
-    """Wraps an engine so that generation waits while the worker is paused (weight updates)."""
+    """Wraps an engine so that generation waits while the worker is paused (weight updates), and
+    policy requests run with the policy's adapter once one is served (:attr:`adapter`)."""
 
     def __init__(self, engine: InferenceEngine) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
+        self.adapter: str | None = None
+        """The adapter policy requests run with (None: the engine's own weights)."""
         self._running = asyncio.Event()
         self._running.set()
         self._in_flight = 0
@@ -48,7 +55,7 @@ class PausableEngine:
         self._in_flight += 1
         self._idle.clear()
         try:
-            return await self.engine.generate(prompt_ids, sampling)
+            return await self.engine.generate(prompt_ids, self._with_adapter(sampling))
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:
@@ -58,7 +65,10 @@ class PausableEngine:
         self, messages: list[dict[str, Any]], sampling: Sampling, tools: list[dict[str, Any]] | None = None
     ) -> Completion:
         await self._running.wait()
-        return await self.engine.chat(messages, sampling, tools)
+        return await self.engine.chat(messages, self._with_adapter(sampling), tools)
+
+    def _with_adapter(self, sampling: Sampling) -> Sampling:
+        return replace(sampling, adapter=self.adapter) if self.adapter and sampling.adapter is None else sampling
 
     def pause(self) -> None:
         self._running.clear()
@@ -127,10 +137,13 @@ class RolloutWorker:
         finally:
             self._busy_s += time.perf_counter() - t0
 
-    async def update_weights(self, version: int, state: dict[str, Any], checksum: str) -> int:
-        """Load new weights in place; refuses stale versions and corrupted payloads."""
+    async def update_weights(self, version: int, state: dict[str, Any] | AdapterUpdate, checksum: str) -> int:
+        """Load new weights in place; refuses stale versions and corrupted payloads.  ``state`` is
+        a full state dict, or the policy's adapter alone (:meth:`_update_adapter`)."""
         if version <= self.version:
             raise WeightSyncError(f"refusing weights version {version}: worker already serves {self.version}")
+        if isinstance(state, AdapterUpdate):
+            return await self._update_adapter(version, state, checksum)
         got = state_checksum(state)
         if got != checksum:
             raise WeightSyncError(f"weights version {version} failed its checksum ({got[:12]} != {checksum[:12]})")
@@ -153,6 +166,32 @@ class RolloutWorker:
         logger.info("worker %d now serves policy version %d", self.worker_index, version)
         return version
 
+    async def _update_adapter(self, version: int, update: AdapterUpdate, checksum: str) -> int:
+        """Serve the policy's adapter at ``version`` (the engine checks the tensors against
+        ``checksum`` before anything loads).  As with full weights, greedy generation must move
+        unless the adapter equals the one served before."""
+        if update.checksum != checksum:
+            raise WeightSyncError(f"adapter version {version} announced with checksum {checksum[:12]}, "
+                                  f"its payload says {update.checksum[:12]}")
+        if checksum == self.checksum:
+            self.version = version
+            return version
+        before = await self._probe()
+        self.engine.pause()
+        try:
+            await self.engine.drained()
+            await self.engine.engine.load_adapter(replace(update, version=version))  # type: ignore[attr-defined]
+            self.engine.adapter = update.name
+        finally:
+            self.engine.resume()
+        if await self._probe() == before and self.checksum is not None:
+            raise WeightSyncError(f"adapter version {version} loaded but generation did not change")
+        self.checksum = checksum
+        self.version = version
+        logger.info("worker %d now serves policy version %d (adapter %r, %.1f MB)", self.worker_index, version,
+                    update.name, update.nbytes / 2**20)
+        return version
+
     def _same_as_initial(self, state: dict[str, Any]) -> bool:
         """Whether ``state`` equals the weights on disk the engine started from."""
         import torch
@@ -171,7 +210,8 @@ class RolloutWorker:
     async def _probe(self) -> list[float]:
         """Greedy logprobs of a fixed prompt: they move whenever the served weights move."""
         ids = self.engine.tokenizer(_PROBE, add_special_tokens=False).input_ids
-        out = await self.engine.engine.generate(ids, Sampling(max_new_tokens=4, temperature=0.0))
+        out = await self.engine.engine.generate(ids, Sampling(max_new_tokens=4, temperature=0.0,
+                                                              adapter=self.engine.adapter))
         return [round(lp, 6) for lp in out.logprobs] + list(map(float, out.token_ids))
 
     def set_verification_budget(self, budget: int) -> None:
@@ -184,7 +224,8 @@ class RolloutWorker:
             raise ValueError(f"verification budget {budget} must be >= 0")
         self.cfg = replace(self.cfg, critic=replace(self.cfg.critic, verification_budget=budget))
         if budget > 0 and self.runner.verifier is None:
-            self.runner.verifier = self._guard(build_verifier(self.cfg, self.runner.data, self.connect_critic))
+            self.runner.verifier = self._guard(build_verifier(self.cfg, self.runner.data, self.connect_critic,
+                                                              policy_engine=self.engine.engine))
         self.runner.cfg = self.cfg
         self.runner.budget = budget
 

@@ -11,6 +11,7 @@ import pytest
 import ray
 import torch
 
+from cast_rl.config.schema import ScheduleConfig
 from cast_rl.inference.weight_sync import state_checksum
 from cast_rl.learner.engine import LearnerEngine
 from cast_rl.learner.sample import Sample
@@ -39,11 +40,15 @@ def test_two_gloo_workers_equal_one_process_and_publish_weights(ray_cluster: Non
     group = LearnerGroup(make_cfg(*common, "learner.num_workers=2"))
     single = LearnerEngine(make_cfg(*common, "learner.num_workers=1"))
     try:
+        # a linear decay over the three steps on every rank: 1e-2 x (3 - t) / 3
+        for learner in (group, single):
+            learner.set_schedule(ScheduleConfig(name="linear"), 1e-2, 3)
         for step in range(3):
             batch = _batch(step)
             dp, one = group.train_step(batch), single.train_step(batch)
             for key in ("loss", "pg_loss", "kl", "supervised_loss", "grad_norm", "tokens", "pg_clipfrac"):
                 assert dp[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), (step, key)
+            assert dp["lr"] == pytest.approx(1e-2 * (3 - step) / 3) == one["lr"]
         version, ref, checksum = group.publish_weights()
         assert version == 3 == single.version
         dp_state, one_state = ray.get(ref), single.full_state_dict()
