@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -150,16 +151,10 @@ class RolloutWorker:
         if checksum == self.checksum:  # the learner's weights did not move: nothing to load
             self.version = version
             return version
-        before = await self._probe()
-        self.engine.pause()
-        try:
-            await self.engine.drained()
-            await self.engine.engine.load_weights(state)  # type: ignore[attr-defined]
-        finally:
-            self.engine.resume()
+        before, after = await self._swap(lambda: self.engine.engine.load_weights(state))  # type: ignore[attr-defined]
         # Unchanged generation is only right when the weights equal those already served (a
         # first update after steps that moved nothing); otherwise the load did not take effect.
-        if await self._probe() == before and not (self.checksum is None and self._same_as_initial(state)):
+        if after == before and not (self.checksum is None and self._same_as_initial(state)):
             raise WeightSyncError(f"weights version {version} loaded but generation did not change")
         self.checksum = checksum
         self.version = version
@@ -176,21 +171,29 @@ class RolloutWorker:
         if checksum == self.checksum:
             self.version = version
             return version
-        before = await self._probe()
-        self.engine.pause()
-        try:
-            await self.engine.drained()
+        async def load() -> None:
             await self.engine.engine.load_adapter(replace(update, version=version))  # type: ignore[attr-defined]
             self.engine.adapter = update.name
-        finally:
-            self.engine.resume()
-        if await self._probe() == before and self.checksum is not None:
+
+        before, after = await self._swap(load)
+        if after == before and self.checksum is not None:
             raise WeightSyncError(f"adapter version {version} loaded but generation did not change")
         self.checksum = checksum
         self.version = version
         logger.info("worker %d now serves policy version %d (adapter %r, %.1f MB)", self.worker_index, version,
                     update.name, update.nbytes / 2**20)
         return version
+
+    async def _swap(self, load: Callable[[], Awaitable[Any]]) -> tuple[list[float], list[float]]:
+        """Run ``load`` with generation paused and drained; the greedy probe before and after."""
+        before = await self._probe()
+        self.engine.pause()
+        try:
+            await self.engine.drained()
+            await load()
+        finally:
+            self.engine.resume()
+        return before, await self._probe()
 
     def _same_as_initial(self, state: dict[str, Any]) -> bool:
         """Whether ``state`` equals the weights on disk the engine started from."""
