@@ -181,14 +181,14 @@ class LearnerGroup:
         ``learner.lora.sync=adapter`` the ObjectRef holds the adapter alone (an
         :class:`~cast_rl.inference.adapters.AdapterUpdate` the workers serve as ``policy``).
 
-        With ``rollout.weight_sync=collective`` nothing is gathered here: the second item is a
-        :class:`BroadcastTicket` the collector delivers (the learner broadcasts while the
-        engines receive), and the checksum comes with the delivery.
+        With ``rollout.weight_sync=collective`` (or ``vllm_api``) nothing is gathered here: the
+        second item is a :class:`BroadcastTicket` the collector delivers (the learner broadcasts
+        while the engines receive), and the checksum comes with the delivery.
         """
         lora = self.cfg.learner.lora
         if lora.enabled and lora.sync == "adapter":  # megabytes: the object store whatever weight_sync says
             refs = [w.gather_adapter.remote() for w in self.workers]
-        elif self.cfg.rollout.weight_sync == "collective":
+        elif self.cfg.rollout.weight_sync in ("collective", "vllm_api"):
             return self.version, BroadcastTicket(self.version, self), ""
         else:
             refs = [w.gather_weights.remote() for w in self.workers]
@@ -245,7 +245,9 @@ class LearnerGroup:
 
 class BroadcastTicket:
     """What :meth:`LearnerGroup.publish_weights` hands the collector under
-    ``rollout.weight_sync=collective``: the version, and the learner end that sends it.
+    ``rollout.weight_sync=collective`` or ``vllm_api``: the version, and the learner end that sends
+    it (the same broadcast either way; the engines receive it with cast_rl's worker extension or
+    through vLLM's weight-transfer API, :mod:`cast_rl.rollout.weights`).
 
     :meth:`deliver` (called by :meth:`actors.rollout_group.RolloutGroup.update_weights`) forms
     the learner-to-engines group when its members changed (first sync, a new learner group, a

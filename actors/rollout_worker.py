@@ -26,7 +26,8 @@ from cast_rl.rollout.worker import RolloutWorker
 @ray.remote
 class RolloutWorkerActor:
     def __init__(self, cfg: CastConfig, worker_index: int) -> None:
-        engine = build_engine(cfg.policy.path, cfg.inference, seed=cfg.seed + worker_index, dtype=cfg.policy.dtype)
+        engine = build_engine(cfg.policy.path, cfg.inference, seed=cfg.seed + worker_index, dtype=cfg.policy.dtype,
+                              weight_transfer=cfg.rollout.weight_sync == "vllm_api")
         data = load_env_data(cfg)
         verifier = build_verifier(cfg, data, connect=critic_client, policy_engine=engine)
         self.worker = RolloutWorker(cfg, data, engine, verifier, worker_index=worker_index, connect_critic=critic_client)

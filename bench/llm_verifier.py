@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("cast_rl").setLevel(logging.INFO)
+    logging.getLogger("cast_rl.critique.llm_verifier").setLevel(logging.DEBUG)
     print(json.dumps(asyncio.run(run(args, root))))
     return 0
 
@@ -117,7 +118,7 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     model = ensure_smollm2(Path(args.model_dir))
     t_model = time.time()
     cfg = InferenceConfig(temperature=0.0, max_new_tokens=args.max_new_tokens, max_model_len=args.max_model_len,
-                          kv_cache_space_gib=2, request_timeout_s=3600.0)
+                          kv_cache_space_gib=2, request_timeout_s=3600.0, compact_json=True)
     engine = VLLMEngine(model, cfg)
     t_engine = time.time()
     pairs: list[tuple[str, str]] = []  # (rules' type, LLM's type) per action

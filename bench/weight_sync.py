@@ -3,7 +3,7 @@
 Run (from the repo root)::
 
     .venv/bin/python bench/weight_sync.py [--layers 9] [--hidden 1024] [--dtype float32]
-        [--bucket-mb 256] [--reps 2] [--gpus]
+        [--bucket-mb 256] [--reps 2] [--gpus] [--path collective|vllm_api]
 
 A random Qwen3 of about 110M parameters (head_dim 64, built offline on the spot) is served by one
 rollout worker (vLLM engine + environments, a Ray actor) and trained by a one-rank FSDP learner
@@ -14,7 +14,9 @@ learner step the new weights go to the worker through the production path,
 * ``collective`` (``rollout.weight_sync=collective``): the first sync forms the learner-to-engines
   group (timed apart as ``form_group_s``); the timed syncs are later ones: plan, per-parameter
   gather, buckets with crc32 trailers broadcast over gloo into the engine's own loader, the
-  greedy probe before and after, the fingerprint check.
+  greedy probe before and after, the fingerprint check.  ``--path vllm_api``
+  (``rollout.weight_sync=vllm_api``) times the same broadcast received through vLLM's own
+  weight-transfer API instead (cast_rl's transfer engine; ``path`` in the JSON says which).
 * ``object_store`` (the fallback, measured in the same run for the before/after figure): full
   state dict gathered, sha256, stored once in Ray's object store, read by the worker, re-hashed,
   packed into the engine.
@@ -158,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bucket-mb", type=float, default=256.0)
     parser.add_argument("--reps", type=int, default=2, help="timed syncs per path")
     parser.add_argument("--lora-rank", type=int, default=16, help="the LoRA figures' adapter rank (0: skip them)")
+    parser.add_argument("--path", default="collective", choices=("collective", "vllm_api"),
+                        help="how the timed syncs reach the engine (rollout.weight_sync)")
     parser.add_argument("--gpus", action="store_true",
                         help="engine on a GPU, and the learner on another when there are two (NCCL)")
     args = parser.parse_args(argv)
@@ -180,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         f"policy.path={model}", f"policy.dtype={args.dtype}", f"env.data_dir={tmp / 'retail'}",
         f"run_dir={tmp / 'run'}", "logging.mode=disabled", "inference.max_model_len=512",
         "inference.gpu_memory_utilization=0.15",
-        "rollout.num_workers=1", "rollout.num_cpus_per_worker=1", "rollout.weight_sync=collective",
+        "rollout.num_workers=1", "rollout.num_cpus_per_worker=1", f"rollout.weight_sync={args.path}",
         f"rollout.weight_sync_bucket_mb={args.bucket_mb}",
         "learner.num_workers=1", "learner.num_cpus_per_worker=1", "learner.micro_batch_size=2",
         "learner.global_batch_size=2", "learner.lr=1e-3", "learner.checkpoint_every=null",
@@ -230,11 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         lora["adapter_vs_full_bytes"] = round(lora["adapter_bytes"] / nbytes, 5)
     copy_s = memcpy_s(nbytes)
     sync_s, store_s = statistics.median(collective), statistics.median(object_store)
-    print(f"{params / 1e6:.1f}M parameters, {nbytes / 2**20:.0f} MB in {args.dtype}: collective {sync_s:.3f} s "
+    print(f"{params / 1e6:.1f}M parameters, {nbytes / 2**20:.0f} MB in {args.dtype}: {args.path} {sync_s:.3f} s "
           f"(first sync with group formation {form_s:.3f} s), object store {store_s:.3f} s, memcpy {copy_s:.4f} s")
     print(json.dumps({
         "sync_vs_memcpy": round(sync_s / copy_s, 2), "sync_s": round(sync_s, 4), "weights_mb": round(nbytes / 2**20, 1),
-        "path": "collective", "memcpy_s": round(copy_s, 5), "form_group_s": round(form_s, 3),
+        "path": args.path, "memcpy_s": round(copy_s, 5), "form_group_s": round(form_s, 3),
         "object_store_sync_s": round(store_s, 4), "object_store_vs_memcpy": round(store_s / copy_s, 2),
         "probe_s": round(statistics.median(p["probe_s"] for p in parts), 4),
         "receive_load_s": round(statistics.median(p["receive_load_s"] for p in parts), 4),

@@ -177,6 +177,10 @@ class InferenceConfig:
     by name (the policy's and the critic's adapters on one engine; adapter-only weight updates)."""
     max_loras: int = 2
     """With max_lora_rank > 0: adapters one batch can mix (vLLM's max_loras)."""
+    compact_json: bool = False
+    """vllm: JSON-schema answers have no whitespace between their tokens (structured outputs on
+    the xgrammar backend with disable_any_whitespace, an engine-wide setting in vLLM); without it a
+    small model can pad an answer with newlines until max_new_tokens cuts it (the LLM verifier)."""
 
     def __post_init__(self) -> None:
         _check_choice("inference.backend", self.backend, ("vllm", "openai", "expert"))
@@ -395,7 +399,7 @@ class LabellerConfig:
     endpoint's model name (openai)."""
     inference: InferenceConfig = field(
         default_factory=lambda: InferenceConfig(temperature=0.0, max_new_tokens=384, max_model_len=4096,
-                                                request_timeout_s=3600.0)
+                                                request_timeout_s=3600.0, compact_json=True)
     )
     """The engine serving the verifier; every answer is decoded under its role's JSON schema
     (vLLM's structured outputs), so max_new_tokens only has to cover the schemas' string limits.
@@ -450,18 +454,20 @@ class RolloutConfig:
     gets about two chunks."""
     weight_sync: str = "object_store"
     """How new weights reach the engines: object_store (full state dict through Ray, checked
-    with sha256; works anywhere) or collective (learner rank 0 broadcasts buckets in policy.dtype
-    to every engine worker over one process group: NCCL on GPUs, gloo on CPUs)."""
+    with sha256; works anywhere), collective (learner rank 0 broadcasts buckets in policy.dtype
+    to every engine worker over one process group: NCCL on GPUs, gloo on CPUs) or vllm_api (the
+    same buckets and checks, received through vLLM's own weight-transfer API by cast_rl's
+    transfer engine registered in vLLM's factory; vLLM >= 0.16)."""
     weight_sync_bucket_mb: float = 256.0
-    """For weight_sync=collective: the most megabytes one broadcast bucket holds (a larger tensor
-    gets a bucket of its own); two buckets are in memory at a time on each side."""
+    """For weight_sync=collective or vllm_api: the most megabytes one broadcast bucket holds (a
+    larger tensor gets a bucket of its own); two buckets are in memory at a time on each side."""
     ray_resources: dict[str, float] = field(default_factory=dict)
     """Custom Ray resources each rollout worker asks for (e.g. {rollout_node: 1}), which places
     the workers on the nodes started with them (``ray start --resources``); empty: anywhere."""
 
     def __post_init__(self) -> None:
         _check_ray_resources("rollout.ray_resources", self.ray_resources)
-        _check_choice("rollout.weight_sync", self.weight_sync, ("object_store", "collective"))
+        _check_choice("rollout.weight_sync", self.weight_sync, ("object_store", "collective", "vllm_api"))
         _check_positive("rollout.weight_sync_bucket_mb", self.weight_sync_bucket_mb)
         _check_positive("rollout.num_workers", self.num_workers)
         _check_positive("rollout.episodes_in_flight", self.episodes_in_flight)

@@ -104,7 +104,9 @@ class OpenAIEngine:
         if sampling.regex:  # vLLM's OpenAI-compatible server: structured outputs in the extra body
             args["extra_body"] = {"structured_outputs": {"regex": sampling.regex}}
         if sampling.json_schema is not None:
-            args["extra_body"] = {"structured_outputs": {"json": sampling.json_schema, "disable_any_whitespace": True}}
+            # (compact JSON is the server's own setting: vllm serve --structured-outputs-config
+            # '{"backend": "xgrammar", "disable_any_whitespace": true}')
+            args["extra_body"] = {"structured_outputs": {"json": sampling.json_schema}}
         return args
 
     def _model(self, sampling: Sampling) -> str:

@@ -6,7 +6,10 @@ call :meth:`VLLMEngine.generate` concurrently and vLLM batches them.  The engine
 config's ``dtype``.  Weights are replaced in place through
 :class:`~cast_rl.inference.weight_sync.WeightSyncExtension`: a packed state dict
 (:meth:`VLLMEngine.load_weights`, the object-store path) or a broadcast received by every worker
-(:meth:`VLLMEngine.join_weight_sync` once, then :meth:`VLLMEngine.receive_weights`).
+(:meth:`VLLMEngine.join_weight_sync` once, then :meth:`VLLMEngine.receive_weights`); or, for an
+engine built with ``weight_transfer=True``, the same broadcast through vLLM's own weight-transfer
+API (:meth:`VLLMEngine.init_weight_transfer` once, then :meth:`VLLMEngine.transfer_weights`;
+:mod:`cast_rl.inference.weight_transfer`).
 
 With ``inference.max_lora_rank > 0`` the engine also serves LoRA adapters of its base model by
 name (vLLM's multi-LoRA batching: requests with different adapters share one batch and one copy of
@@ -20,6 +23,7 @@ adapter alone.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import os
@@ -67,8 +71,8 @@ def _shut_down(engine: Any) -> None:
 
 def _structured(sampling: Sampling, params_cls: Any) -> Any:
     """vLLM's structured-outputs parameters of a request (None when it is unconstrained)."""
-    if sampling.json_schema is not None:  # compact JSON: a small model may pad with whitespace until max_tokens
-        return params_cls(json=sampling.json_schema, disable_any_whitespace=True)
+    if sampling.json_schema is not None:  # whitespace between tokens: inference.compact_json (engine-wide)
+        return params_cls(json=sampling.json_schema)
     if sampling.regex:
         return params_cls(regex=sampling.regex)
     return None
@@ -78,7 +82,8 @@ class VLLMEngine:
     """An async vLLM engine serving one Hugging Face model directory.  Its engine shuts down
     on :meth:`close`, when this object is collected, or at interpreter exit, whichever is first."""
 
-    def __init__(self, model_path: str | Path, cfg: InferenceConfig, seed: int = 0, dtype: str | None = None) -> None:
+    def __init__(self, model_path: str | Path, cfg: InferenceConfig, seed: int = 0, dtype: str | None = None,
+                 weight_transfer: bool = False) -> None:
         if is_cpu_platform():
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_space_gib))
         from transformers import AutoTokenizer
@@ -98,10 +103,23 @@ class VLLMEngine:
             # own seed is in a chunked prefill; without chunking, per-request seeds work, so an
             # episode samples the same tokens whatever else the engine batches with it.
             cpu_args = {"enable_chunked_prefill": False, "max_num_batched_tokens": cfg.max_model_len}
+        if cfg.compact_json:
+            from vllm.config import StructuredOutputsConfig
+
+            cpu_args["structured_outputs_config"] = StructuredOutputsConfig(backend="xgrammar",
+                                                                            disable_any_whitespace=True)
         if cfg.max_lora_rank:
             # on the CPU one more slot: the zero adapter base requests run with (see _BASE_ADAPTER)
             cpu_args.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank,
                             max_loras=cfg.max_loras + (1 if self._cpu else 0))
+        extension = _EXTENSION
+        transfer_args: dict[str, Any] = {}
+        if weight_transfer:  # vLLM's weight-transfer API with cast_rl's engine (rollout.weight_sync=vllm_api)
+            from vllm.config.weight_transfer import WeightTransferConfig
+
+            from cast_rl.inference.weight_transfer import BACKEND, EXTENSION
+
+            extension, transfer_args = EXTENSION, {"weight_transfer_config": WeightTransferConfig(backend=BACKEND)}
         args = AsyncEngineArgs(
             model=self.model_path,
             dtype=self.dtype,
@@ -110,7 +128,8 @@ class VLLMEngine:
             max_model_len=cfg.max_model_len,
             enforce_eager=cfg.enforce_eager,
             seed=seed,
-            worker_extension_cls=_EXTENSION,
+            worker_extension_cls=extension,
+            **transfer_args,
             disable_log_stats=True,
             # the logprobs of the distribution a token was drawn from (temperature applied), the
             # learner's frame for policy samples (algorithm.old_logprobs=rollout)
@@ -231,6 +250,44 @@ class VLLMEngine:
             raise WeightSyncError(f"engine workers received different weights for version {meta.version}")
         await self._engine.reset_prefix_cache()
         return prints[0]
+
+    async def init_weight_transfer(
+        self, addr: str, port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float
+    ) -> None:
+        """vLLM's ``init_weight_transfer_engine``: every worker's transfer engine (built with
+        ``weight_transfer=True``) joins the learner-to-engines group; blocks until all have joined."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        info = {"master_addr": addr, "master_port": port, "rank_offset": rank_offset, "world_size": world_size,
+                "backend": backend, "timeout_s": timeout_s}
+        await self._engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info))
+
+    async def transfer_weights(self, meta: WeightMeta, newer_than: int = 0) -> str:
+        """One full-weight update through vLLM's API (``start_weight_update``, ``update_weights``
+        with the bucket plan, ``finish_weight_update`` with the version), collective with the
+        learner's send; returns its fingerprint.  A version not newer than ``newer_than`` is
+        drained and refused before the update starts: the served weights stay intact."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        wire = meta.to_wire()
+        if meta.version <= newer_than:
+            await self._engine.collective_rpc("cast_rl_transfer_drain", args=(wire,))
+            raise WeightSyncError(f"weights version {meta.version} is not newer than {newer_than}; refused")
+        try:
+            await self._engine.start_weight_update()
+            await self._engine.update_weights(WeightTransferUpdateRequest(
+                update_info={"plan": wire, "newer_than": newer_than}))
+            if "weight_version" in inspect.signature(self._engine.finish_weight_update).parameters:
+                await self._engine.finish_weight_update(weight_version=str(meta.version))
+            else:  # vLLM 0.24 keeps no weight version
+                await self._engine.finish_weight_update()
+        except Exception as exc:  # vLLM wraps the worker's WeightSyncError in a plain Exception
+            raise WeightSyncError(f"engine did not take weights version {meta.version}: {exc}") from exc
+        states = await self._engine.collective_rpc("cast_rl_transfer_state")
+        if {tuple(s) for s in states} != {(meta.version, states[0][1])}:
+            raise WeightSyncError(f"engine workers hold {states} after weights version {meta.version}")
+        await self._engine.reset_prefix_cache()
+        return states[0][1]
 
     async def load_adapter(self, update: AdapterUpdate) -> str:
         """Serve ``update`` under its name from the next request on; returns its checksum.

@@ -1,6 +1,6 @@
 """Versioned weight sync: checksums, the bucket protocol and the vLLM worker extension.
 
-Two paths (``rollout.weight_sync``):
+Three paths (``rollout.weight_sync``):
 
 * ``object_store`` (the fallback, and for setups without a shared fabric): the learner publishes
   ``(version, state_dict, sha256)`` through the Ray object store; a rollout worker verifies the
@@ -12,8 +12,10 @@ Two paths (``rollout.weight_sync``):
   checksum as a trailer.  Inside the engine worker, :class:`WeightReceiver` checks every bucket
   and streams its tensors into the engine's own loader (:func:`reload_in_place`), the next bucket
   already in flight.
+* ``vllm_api``: the same plan, buckets and receiver, driven through vLLM's own weight-transfer API
+  by a transfer engine cast_rl registers in vLLM (:mod:`cast_rl.inference.weight_transfer`).
 
-Either way versions must rise.  The worker extension is vLLM's documented mechanism for RL
+On every path versions must rise.  The worker extension is vLLM's documented mechanism for RL
 weight updates: vLLM mixes :class:`WeightSyncExtension` into its GPU/CPU worker, and
 ``collective_rpc`` calls its methods by name inside every worker process.
 """

@@ -1,11 +1,16 @@
-"""A rollout worker's end of the collective weight sync (``rollout.weight_sync=collective``).
+"""A rollout worker's end of the collective weight sync (``rollout.weight_sync=collective`` or
+``vllm_api``).
 
 :func:`join` puts the worker's engine into the learner-to-engines process group; :func:`receive`
 takes one broadcast update into it with the same guarantees as the object-store path
 (:meth:`cast_rl.rollout.worker.RolloutWorker.update_weights`): generation paused and drained
 while weights change, versions only rise, every bucket checked, and the greedy probe must move
 unless the weights are equal to those served before (equal fingerprints, or, on the first update,
-equal to the checkpoint the engine started from).
+equal to the checkpoint the engine started from).  With ``vllm_api`` the engine joins and
+receives through vLLM's own weight-transfer API
+(:meth:`~cast_rl.inference.vllm_engine.VLLMEngine.init_weight_transfer`,
+:meth:`~cast_rl.inference.vllm_engine.VLLMEngine.transfer_weights`); the bucket protocol, the
+learner's end and these guarantees are the same.
 """
 
 from __future__ import annotations
@@ -24,9 +29,19 @@ logger = logging.getLogger(__name__)
 async def join(worker: Any, addr: str, port: int, rank_offset: int, world_size: int, backend: str,
                timeout_s: float, key: str) -> list[int]:
     """Join the group as ranks ``rank_offset``..; ``key`` names the group (see :func:`joined`)."""
-    ranks = await worker.engine.engine.join_weight_sync(addr, port, rank_offset, world_size, backend, timeout_s)
+    engine = worker.engine.engine
+    if _native(worker):
+        await engine.init_weight_transfer(addr, port, rank_offset, world_size, backend, timeout_s)
+        ranks = list(range(rank_offset, rank_offset + worker.cfg.inference.tensor_parallel_size))
+    else:
+        ranks = await engine.join_weight_sync(addr, port, rank_offset, world_size, backend, timeout_s)
     worker.weight_sync_key = key
     return ranks
+
+
+def _native(worker: Any) -> bool:
+    """Whether updates go through vLLM's weight-transfer API (``rollout.weight_sync=vllm_api``)."""
+    return worker.cfg.rollout.weight_sync == "vllm_api"
 
 
 def joined(worker: Any) -> str:
@@ -48,7 +63,9 @@ async def receive(worker: Any, version: int, meta: WeightMeta) -> tuple[int, str
     worker.engine.pause()
     try:
         await worker.engine.drained()
-        printed = await worker.engine.engine.receive_weights(meta, newer_than=worker.version)
+        engine = worker.engine.engine
+        receive = engine.transfer_weights if _native(worker) else engine.receive_weights
+        printed = await receive(meta, newer_than=worker.version)
     finally:
         worker.engine.resume()
     t2 = time.perf_counter()
@@ -60,8 +77,9 @@ async def receive(worker: Any, version: int, meta: WeightMeta) -> tuple[int, str
         raise WeightSyncError(f"weights version {version} loaded but generation did not change")
     worker.checksum = printed
     worker.version = version
-    logger.info("worker %d now serves policy version %d (collective; probes %.2f s, receive and load %.2f s)",
-                worker.worker_index, version, worker.last_sync_s["probe_s"], worker.last_sync_s["receive_load_s"])
+    logger.info("worker %d now serves policy version %d (%s; probes %.2f s, receive and load %.2f s)",
+                worker.worker_index, version, worker.cfg.rollout.weight_sync, worker.last_sync_s["probe_s"],
+                worker.last_sync_s["receive_load_s"])
     return version, printed
 
 

@@ -209,7 +209,7 @@ def test_llm_verifier(tmp_path: Path, benchmarks_dir: Path) -> None:
                          "agreement_by_type", "confusion", "injected_recall", "leakage_rate", "calls",
                          "prompt_tokens", "completion_tokens", "timings_s", "wall_s"])
     assert result["trajectories"] == {"gold": 1, "perturbed": 1} and result["actions"] > 0
-    assert 0.0 < result["parse_rate"] <= 1.0  # 0.91 measured with SmolLM2; 1.0 is the goal (docs/benches.md)
+    assert result["parse_rate"] == 1.0  # structured outputs, compact JSON (inference.compact_json)
     assert set(result["calls"]) == {"rule_extractor", "tool_extractor", "hallucination", "domain_violation",
                                     "tool_call", "final_verdict"}
 

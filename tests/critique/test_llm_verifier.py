@@ -235,6 +235,6 @@ def test_vllm_requests_carry_the_json_schema() -> None:
             self.kwargs = kwargs
 
     schema = {"type": "object"}
-    assert _structured(Sampling(json_schema=schema), Params).kwargs == {"json": schema, "disable_any_whitespace": True}
+    assert _structured(Sampling(json_schema=schema), Params).kwargs == {"json": schema}
     assert _structured(Sampling(regex="a+"), Params).kwargs == {"regex": "a+"}
     assert _structured(Sampling(), Params) is None
