@@ -2,7 +2,8 @@
 # The device check in one command (``make gpu-check``): on a machine with CUDA GPUs, install the
 # GPU extra into .venv-gpu and run, within 8 minutes, the ``gpu`` tests, the end-to-end GPU path
 # (bench/gpu_check.py: vLLM engine on a GPU, bf16 FSDP2 step, one collective weight sync that
-# changes the greedy answer), and the learner and weight-sync benchmarks; the last line is one
+# changes the greedy answer), and the learner and weight-sync benchmarks (the collective path with
+# LoRA adapter sync, then vLLM's weight-transfer API); the last line is one
 # JSON object with every figure.  On a machine without CUDA GPUs it says so and exits 0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,12 +39,17 @@ e2e=$(tail -1 "$LOG/gpu_check.log")
 timeout "$(left)" "$PY" bench/learner_throughput.py --workers 1 > "$LOG/learner.log" 2>&1
 learner=$(tail -1 "$LOG/learner.log")
 
+# the collective path and, with it, LoRA: the adapter alone into an engine serving adapters
 timeout "$(left)" "$PY" bench/weight_sync.py --gpus --dtype bfloat16 --reps 2 > "$LOG/weight_sync.log" 2>&1
 sync=$(tail -1 "$LOG/weight_sync.log")
+# vLLM's own weight-transfer API (rollout.weight_sync=vllm_api) on the GPU pin
+timeout "$(left)" "$PY" bench/weight_sync.py --gpus --dtype bfloat16 --reps 1 --path vllm_api --lora-rank 0 \
+  > "$LOG/weight_sync_vllm_api.log" 2>&1
+sync_api=$(tail -1 "$LOG/weight_sync_vllm_api.log")
 
-"$PY" - "$install_s" "$gpu_tests_rc" "$gpu_tests" "$e2e_rc" "$e2e" "$learner" "$sync" "$SECONDS" <<'PY'
+"$PY" - "$install_s" "$gpu_tests_rc" "$gpu_tests" "$e2e_rc" "$e2e" "$learner" "$sync" "$sync_api" "$SECONDS" <<'PY'
 import json, sys
-install_s, tests_rc, tests, e2e_rc, e2e, learner, sync, total = sys.argv[1:]
+install_s, tests_rc, tests, e2e_rc, e2e, learner, sync, sync_api, total = sys.argv[1:]
 def parse(line):
     try:
         return json.loads(line)
@@ -51,6 +57,7 @@ def parse(line):
         return {"error": line[-300:]}
 print(json.dumps({"install_s": int(install_s), "gpu_tests": {"rc": int(tests_rc), "summary": tests},
                   "e2e": {"rc": int(e2e_rc), **parse(e2e)}, "learner_bench": parse(learner),
-                  "weight_sync_bench": parse(sync), "total_s": int(total)}))
+                  "weight_sync_bench": parse(sync), "weight_sync_vllm_api_bench": parse(sync_api),
+                  "total_s": int(total)}))
 PY
 [ "$gpu_tests_rc" -eq 0 ] && [ "$e2e_rc" -eq 0 ]
