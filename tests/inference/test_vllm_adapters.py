@@ -282,3 +282,22 @@ def test_compact_json_answers_have_no_whitespace_between_tokens(
         assert out.text[end:] in ("", *eng.tokenizer.all_special_tokens), out.text  # then its stop token
         assert set(answer) == {"ok", "items"}
         assert not any(ch.isspace() for ch in out.text.split('"items"')[0]), out.text
+
+
+def test_adapters_answer_the_same_after_a_full_weight_reload(
+    engine: tuple[Any, asyncio.AbstractEventLoop, list[int]], tiny_model_dir: Path, tmp_path: Path,
+) -> None:
+    """A full-weight update (vLLM's reload drops the adapters it holds) leaves every served adapter
+    answering: a request names its adapter's directory, from which vLLM loads it again."""
+    from safetensors.torch import load_file
+
+    eng, loop, prompt = engine
+    loop.run_until_complete(eng.load_adapter(read_adapter(_adapter(tiny_model_dir, tmp_path / "r", seed=31),
+                                                          "reloaded", 1)))
+    before = loop.run_until_complete(eng.generate(prompt, replace(GREEDY, adapter="reloaded"))).token_ids
+    state = {}
+    for path in sorted(tiny_model_dir.glob("*.safetensors")):
+        state.update(load_file(str(path)))
+    loop.run_until_complete(eng.load_weights(state))  # the same base weights, through the reload path
+    after = loop.run_until_complete(eng.generate(prompt, replace(GREEDY, adapter="reloaded"))).token_ids
+    assert after == before
