@@ -44,7 +44,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -427,16 +427,20 @@ class LearnerEngine:
         """Collective: (name, full parameter on this rank's device), one all-gather at a time, in
         ``named_parameters`` order (Hugging Face names), so a sender holds one parameter more at
         most (with LoRA: one adapted layer's base weight and adapters, yielded merged)."""
+        gathered = self._gathered_params()
+        return lora.merged(gathered, self._lora_scalings) if self.lora else gathered
 
-        def gathered() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, param in self.model.named_parameters():
-                if self.world_size == 1 and hasattr(param, "to_local"):
-                    full = param.to_local()  # one rank holds everything: no gather, no copy
-                else:
-                    full = param.full_tensor() if hasattr(param, "full_tensor") else param
-                yield name, full.detach()
-
-        return lora.merged(gathered(), self._lora_scalings) if self.lora else gathered()
+    def _gathered_params(self, keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Collective: (name, full parameter) of the parameters whose name ``keep`` accepts (all
+        by default), one all-gather at a time in ``named_parameters`` order."""
+        for name, param in self.model.named_parameters():
+            if keep is not None and not keep(name):
+                continue
+            if self.world_size == 1 and hasattr(param, "to_local"):
+                full = param.to_local()  # one rank holds everything: no gather, no copy
+            else:
+                full = param.full_tensor() if hasattr(param, "full_tensor") else param
+            yield name, full.detach()
 
     def param_shapes(self) -> dict[str, torch.Tensor]:
         """Name -> parameter (sharded; only its global shape and dtype are meant to be read), the
@@ -449,11 +453,7 @@ class LearnerEngine:
         names with its adapter_config, checksummed, on rank 0; None on other ranks."""
         if not self.lora:
             raise ValueError("adapter_update needs learner.lora.rank: without LoRA there is no adapter to send")
-        tensors = {}
-        for param_name, param in self.model.named_parameters():
-            if lora.is_adapter(param_name):
-                full = param.full_tensor() if hasattr(param, "full_tensor") else param
-                tensors[lora.saved_name(param_name)] = full.detach()
+        tensors = {lora.saved_name(n): t for n, t in self._gathered_params(keep=lora.is_adapter)}
         if self.rank != 0:
             return None
         return AdapterUpdate.build(name, self.version, tensors, lora.adapter_config(self.model))

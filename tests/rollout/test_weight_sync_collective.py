@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+from weight_sync_helpers import cancel_prompt, sync_config, teach
 
-from cast_rl.config import load_config
 from cast_rl.learner.sample import Sample
 
 pytestmark = pytest.mark.slow  # two vLLM-backed Ray actors and a learner: ~3.5 min on two cores
@@ -25,15 +25,7 @@ def stack(ray_local, tiny_model_dir: Path, retail_data_dir: Path, tmp_path_facto
     from actors.learner import LearnerGroup
     from actors.rollout_group import RolloutGroup
 
-    cfg = load_config(None, [
-        f"policy.path={tiny_model_dir}", f"env.data_dir={retail_data_dir}", "env.split=test",
-        f"run_dir={tmp_path_factory.mktemp('run')}", "logging.mode=disabled",
-        "env.max_steps=2", "inference.max_new_tokens=12", "inference.temperature=0.0", "inference.max_model_len=1024",
-        "rollout.num_workers=1", "rollout.num_cpus_per_worker=1", "rollout.trials_per_task=1",
-        "rollout.weight_sync=collective", "rollout.weight_sync_bucket_mb=0.25",
-        "learner.num_workers=1", "learner.num_cpus_per_worker=0.5", "learner.micro_batch_size=4",
-        "learner.global_batch_size=4", "learner.lr=0.05", "learner.checkpoint_every=null",
-    ])
+    cfg = sync_config(tiny_model_dir, retail_data_dir, tmp_path_factory.mktemp("run"), "collective")
     group = RolloutGroup(cfg)
     learner = LearnerGroup(cfg)
     yield cfg, group, learner
@@ -41,25 +33,13 @@ def stack(ray_local, tiny_model_dir: Path, retail_data_dir: Path, tmp_path_facto
     group.shutdown()
 
 
-def _step(learner, prompt: list[int], target: int) -> None:  # noqa: ANN001
-    """One step of supervised training towards answering ``prompt`` with ``target`` tokens."""
-    ids = prompt + [target] * 8
-    mask = [0] * len(prompt) + [1] * 8
-    learner.train_step([Sample(f"t{target}-{i}", "supervised", ids, mask, [0.0] * len(ids)) for i in range(4)])
-
-
 def _broadcast_reaches_the_engine_and_changes_its_greedy_answer(stack, tiny_model_dir: Path) -> None:  # noqa: ANN001
-    from transformers import AutoTokenizer
-
     cfg, group, learner = stack
     worker = group.workers[0]
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    prompt = tok.apply_chat_template([{"role": "user", "content": "Please cancel order #W1001."}],
-                                     tokenize=False, add_generation_prompt=True)
-    prompt = tok(prompt, add_special_tokens=False).input_ids
+    prompt = cancel_prompt(tiny_model_dir)
     answer = ray.get(worker.greedy_answer.remote(prompt, 8))
     target = next(t for t in (100, 101) if t != answer[0])
-    _step(learner, prompt, target)
+    teach(learner, prompt, target, f"t{target}")
     version, ticket, _ = learner.publish_weights()
     assert version == 1 and hasattr(ticket, "deliver")  # nothing went through the object store
     assert group.update_weights(version, ticket, "") == [1]
@@ -68,7 +48,7 @@ def _broadcast_reaches_the_engine_and_changes_its_greedy_answer(stack, tiny_mode
     assert group.collect([("test", 0, 0)])[0].policy_version == 1
     # a second update reuses the group (its key is unchanged) and lands too
     key = ray.get(group.workers[0].weight_sync_key.remote())
-    _step(learner, prompt, target)
+    teach(learner, prompt, target, f"t{target}")
     assert group.update_weights(*learner.publish_weights()) == [2]
     assert ray.get(group.workers[0].weight_sync_key.remote()) == key
     assert ray.get(group.workers[0].version.remote()) == 2
