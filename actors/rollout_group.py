@@ -45,15 +45,18 @@ class RolloutGroup:
     here, next to :class:`actors.learner.LearnerGroup`, because it holds Ray actors.
     """
 
-    def __init__(self, cfg: CastConfig, num_workers: int | None = None) -> None:
+    def __init__(self, cfg: CastConfig, num_workers: int | None = None, kind: str = "rollout") -> None:
+        """``kind``: ``rollout`` (the policy's workers) or ``teacher`` (the teacher model plays,
+        :mod:`cast_rl.rollout.teacher`; ``teacher.num_workers`` workers on ``teacher.num_gpus``)."""
         self.cfg = cfg
-        n = num_workers or cfg.rollout.num_workers
+        request = actor_request(cfg, kind)  # what the resource check counts
+        n = num_workers or request.count
         options = {
-            **actor_request(cfg, "rollout").ray_options(),  # what the resource check counts
+            **request.ray_options(),
             "max_restarts": cfg.rollout.max_restarts,
             "max_task_retries": 0,  # we resubmit chunks ourselves, keyed by unit
         }
-        self.workers = [rollout_worker.RolloutWorkerActor.options(**options).remote(cfg, i) for i in range(n)]
+        self.workers = [rollout_worker.RolloutWorkerActor.options(**options).remote(cfg, i, kind) for i in range(n)]
         self.resubmitted_chunks = 0
         # The budget and critic every worker uses now; re-applied to a restarted worker.
         self.verification_budget = cfg.critic.verification_budget

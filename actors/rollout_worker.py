@@ -19,17 +19,21 @@ from cast_rl.eval.net_benefit import BenefitReport, measure_benefit
 from cast_rl.inference import build_engine
 from cast_rl.records import Trajectory
 from cast_rl.rollout import weights
+from cast_rl.rollout.teacher import build_teacher_policy
 from cast_rl.rollout.verifiers import build_verifier
 from cast_rl.rollout.worker import RolloutWorker
 
 
 @ray.remote
 class RolloutWorkerActor:
-    def __init__(self, cfg: CastConfig, worker_index: int) -> None:
-        engine = build_engine(cfg.policy.path, cfg.inference, seed=cfg.seed + worker_index, dtype=cfg.policy.dtype,
-                              weight_transfer=cfg.rollout.weight_sync == "vllm_api")
+    def __init__(self, cfg: CastConfig, worker_index: int, kind: str = "rollout") -> None:
         data = load_env_data(cfg)
-        verifier = build_verifier(cfg, data, connect=critic_client, policy_engine=engine)
+        if kind == "teacher":  # the teacher model plays; the policy's tokenizer writes the ids; no critic
+            engine, verifier = build_teacher_policy(cfg, seed=cfg.seed + worker_index), None
+        else:
+            engine = build_engine(cfg.policy.path, cfg.inference, seed=cfg.seed + worker_index, dtype=cfg.policy.dtype,
+                                  weight_transfer=cfg.rollout.weight_sync == "vllm_api")
+            verifier = build_verifier(cfg, data, connect=critic_client, policy_engine=engine)
         self.worker = RolloutWorker(cfg, data, engine, verifier, worker_index=worker_index, connect_critic=critic_client)
         # user.type=llm on user.inference.backend=vllm: the user model's own engine, in this actor
         self.user_engine, self.worker.runner.user_complete = user_engine(cfg.user, seed=cfg.seed + worker_index)

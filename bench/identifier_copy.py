@@ -25,9 +25,11 @@ unseen ids.  The last stdout line is one JSON object with ``heldout_copy_acc_fro
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import random
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -117,6 +119,7 @@ def main() -> int:
     from cast_rl.models.tiny import corpus_from_paths, make_tiny_model
 
     tmp = Path(tempfile.mkdtemp(prefix="identifier-copy-"))
+    atexit.register(shutil.rmtree, tmp, True)  # models and runs of this bench only
     data = tmp / "retail"
     write_retail(data, seed=0, num_tasks=args.tasks, kinds=("cancel",), compact=True)
     corpus = corpus_from_paths([data])

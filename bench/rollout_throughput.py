@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -46,6 +48,7 @@ async def main(args: argparse.Namespace) -> dict:
     from cast_rl.rollout.tokens import ConversationTokens
 
     work = Path(tempfile.mkdtemp(prefix="cast_rl_bench_"))
+    atexit.register(shutil.rmtree, work, True)  # models and runs of this bench only
     write_retail(work / "data", seed=0, num_tasks=args.episodes * 2)
     model = make_tiny_model(work / "model", extra_corpus=corpus_from_paths([work / "data"]))
     cfg = load_config(None, [

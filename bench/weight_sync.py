@@ -44,9 +44,11 @@ LoRA figures above (``--lora-rank 0`` skips them).
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import json
 import logging
+import shutil
 import statistics
 import sys
 import tempfile
@@ -176,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     from cast_rl.models.tiny import TinyModelSpec, make_tiny_model
 
     tmp = Path(tempfile.mkdtemp(prefix="cast-weight-sync-"))
+    atexit.register(shutil.rmtree, tmp, True)  # models and runs of this bench only
     spec = TinyModelSpec(hidden_size=args.hidden, intermediate_size=args.intermediate, num_layers=args.layers,
                          num_heads=args.hidden // 64, num_kv_heads=max(1, args.hidden // 256))
     model = make_tiny_model(tmp / "policy", spec, seed=0)

@@ -21,7 +21,7 @@ from cast_rl.config.schema import CastConfig
 
 logger = logging.getLogger(__name__)
 
-PARTS = ("rollout", "learner", "critic")
+PARTS = ("rollout", "learner", "critic", "teacher")
 """Actor kinds a launcher may start; pass those that live at the same time."""
 _EPS = 1e-6
 
@@ -70,7 +70,7 @@ def cluster_capacity(cfg: CastConfig) -> Capacity | None:
     return None
 
 
-def check_resources(cfg: CastConfig, parts: Iterable[str] = PARTS, capacity: Capacity | None = None) -> None:
+def check_resources(cfg: CastConfig, parts: Iterable[str] = PARTS[:3], capacity: Capacity | None = None) -> None:
     """Raise a one-line :class:`ConfigError` if the actors of ``parts`` cannot all be placed.
 
     Checks that each actor fits on the largest node, then that all of them (they live at the same

@@ -31,7 +31,7 @@ from cast_rl.eval.tokenizer_fit import tokenizer_fit
 from cast_rl.models.setup import ensure_policy_model
 from cast_rl.pipeline.context import PipelineContext
 from cast_rl.pipeline.report import STAGE_TAGS, headline, write_pipeline_report
-from launchers.cluster import init_ray
+from launchers.cluster import check_resources, init_ray
 from launchers.stages import STAGES
 
 logger = logging.getLogger(__name__)
@@ -43,6 +43,8 @@ def run_pipeline(cfg: CastConfig) -> dict[str, Any]:
     data = load_env_data(cfg)
     ensure_policy_model(cfg, data)
     init_ray(cfg, parts=actor_parts(cfg))
+    if teacher_parts(cfg):  # the teacher's actors run once the policy's rollout group is released
+        check_resources(cfg, teacher_parts(cfg))
     ctx = PipelineContext(cfg, data, make_group=RolloutGroup)
     summaries: dict[str, Any] = {}
     try:
@@ -108,6 +110,15 @@ def actor_parts(cfg: CastConfig) -> tuple[str, ...]:
         or "optimise" in pipe.stages
     )
     return ("rollout", "critic", "learner") if trains else ("rollout", "critic")
+
+
+def teacher_parts(cfg: CastConfig) -> tuple[str, ...]:
+    """The actor kinds alive while the teacher's actors run (collect with
+    ``pipeline.collect_policy=teacher``, label with ``teacher.enabled``); empty when none do."""
+    pipe = cfg.pipeline
+    collects = pipe.collect_policy == "teacher" and "collect" in pipe.stages
+    rewrites = cfg.teacher.enabled and "label" in pipe.stages
+    return ("critic", "teacher") if collects or rewrites else ()
 
 
 def print_result(result: dict[str, Any]) -> None:

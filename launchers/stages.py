@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from actors.critic_service import CriticServiceClient, critic_client, private_critic_actor
 from actors.learner import LearnerGroup
+from actors.teacher_service import rewrite_with_service
 from actors.verifier_service import label_with_service
 from cast_rl.config import to_dict
 from cast_rl.config.schema import ScheduleConfig
@@ -36,7 +37,6 @@ from cast_rl.critique.blame import blame_metrics, confirmed_keys, count_failed, 
 from cast_rl.critique.datasets import build_critic_data, read_requests
 from cast_rl.critique.labeller import label_file, read_for_labelling, write_labels
 from cast_rl.critique.service import critic_description
-from cast_rl.critique.teacher import rewrite_labels
 from cast_rl.critique.verifier import RuleVerifier
 from cast_rl.envs.setup import episode_units
 from cast_rl.envs.users import user_engine
@@ -64,6 +64,7 @@ from cast_rl.pipeline.context import (
 from cast_rl.records import Trajectory, read_trajectories, write_trajectories
 from cast_rl.rollout.demonstrations import collect_demonstrations
 from cast_rl.rollout.noisy_expert import collect_noisy_demonstrations
+from cast_rl.rollout.teacher import mark_teacher_trajectory
 from cast_rl.rollout.verifiers import build_verifier
 from cast_rl.telemetry import MetricsLogger
 from launchers.eval import domain_configs, run_eval
@@ -122,13 +123,14 @@ def _learner(ctx: PipelineContext, lr: float, model_path: Path | None = None) ->
 
 
 def _collect(ctx: PipelineContext, out: Path, budget: int,
-             units: list[tuple[str, int, int]] | None = None) -> list[Trajectory]:
+             units: list[tuple[str, int, int]] | None = None, group: Any = None) -> list[Trajectory]:
     """Collect ``units`` (default: ``pipeline.collect_trials`` trials of every training task) at
-    verification budget ``budget`` into ``<out>/trajectories.jsonl``, streamed as episodes end."""
+    verification budget ``budget`` into ``<out>/trajectories.jsonl``, streamed as episodes end,
+    on ``group`` (default: the shared rollout group)."""
     if units is None:
         cfg = ctx.train_cfg()
         units = episode_units(cfg, ctx.data, trials=cfg.pipeline.collect_trials)
-    group = ctx.rollout_group()
+    group = group if group is not None else ctx.rollout_group()
     group.set_verification_budget(budget)
     path = out / "trajectories.jsonl"
     path.write_text("")
@@ -247,10 +249,34 @@ def eval_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
 
 
 def collect(ctx: PipelineContext, out: Path) -> dict[str, Any]:
-    trajs = _collect(ctx, out, budget=0)
+    """Trials of every training task without the critic: by the policy (``pipeline.collect_trials``
+    each), or with ``pipeline.collect_policy=teacher`` by the teacher model on its own workers
+    (``teacher.rollouts_per_task`` each at ``teacher.collect_temperature``, written in the
+    policy's tokens: :mod:`cast_rl.rollout.teacher`)."""
+    if ctx.cfg.pipeline.collect_policy == "teacher":
+        trajs = _collect_with_teacher(ctx, out)
+    else:
+        trajs = _collect(ctx, out, budget=0)
     with _metrics(ctx, "collect") as log:
         log.log({"rollout/reward_mean": _rollout_summary(trajs)["reward_mean"]})
-    return _rollout_summary(trajs)
+    summary = _rollout_summary(trajs)
+    if ctx.cfg.pipeline.collect_policy == "teacher":
+        t = ctx.cfg.teacher
+        summary.update({"collected_by": "teacher", "teacher": t.model.path, "trials": t.rollouts_per_task,
+                        "temperature": t.collect_temperature, "react": t.react, "thinking": t.inference.thinking})
+    return summary
+
+
+def _collect_with_teacher(ctx: PipelineContext, out: Path) -> list[Trajectory]:
+    cfg = ctx.train_cfg()
+    units = episode_units(cfg, ctx.data, trials=cfg.teacher.rollouts_per_task)
+    group = ctx.teacher_group()
+    try:
+        trajs = [mark_teacher_trajectory(t, cfg) for t in _collect(ctx, out, 0, units, group=group)]
+    finally:
+        group.shutdown()
+    write_trajectories(out / "trajectories.jsonl", trajs)  # marked as the teacher's
+    return trajs
 
 
 def label(ctx: PipelineContext, out: Path) -> dict[str, Any]:
@@ -271,8 +297,10 @@ def label(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     # Failures the labels do not explain (no invalid action ran): listed for a person to read.
     with (out / "unexplained_failures.jsonl").open("w") as f:
         f.writelines(json.dumps(record) + "\n" for record in stats.unexplained)
-    if ctx.cfg.teacher.enabled:
-        metrics.update(asyncio.run(_teacher_rewrite(ctx, labels, trajectories)))
+    if ctx.cfg.teacher.enabled:  # on the teacher's own actor, once the rollout group freed its GPUs
+        ctx.release_rollout_group()
+        labels, rewrite = rewrite_with_service(ctx.with_policy(), labels, trajectories)
+        metrics.update(rewrite)
         write_labels(out / "labels.jsonl", labels)
     summary = {"actions": len(labels), **{k.removeprefix("label/"): v for k, v in metrics.items()}}
     if ctx.cfg.pipeline.blame_k:
@@ -293,11 +321,6 @@ def _verified_blame(ctx: PipelineContext, out: Path, labels: list[dict[str, Any]
     records = group.blame(trajectories, labels, ctx.cfg.pipeline.blame_k, ctx.cfg.seed)
     write_blame(out / "blame.jsonl", records)
     return blame_metrics(records, count_failed(trajectories))
-
-
-async def _teacher_rewrite(ctx: PipelineContext, labels: list, trajectories: list) -> dict[str, float]:
-    """Let the teacher rewrite each rationale; rewrites that leak are discarded (counted)."""
-    return await rewrite_labels(ctx.cfg.teacher, ctx.data, labels, trajectories, seed=ctx.cfg.seed)
 
 
 def labelled_trajectories(ctx: PipelineContext) -> Path:

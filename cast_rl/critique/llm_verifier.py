@@ -54,6 +54,7 @@ from cast_rl.envs.core import DomainData, ToolEnv, call_tool
 from cast_rl.envs.types import Action, is_success
 from cast_rl.inference import build_engine
 from cast_rl.inference.base import Sampling
+from cast_rl.models.setup import ensure_model
 from cast_rl.records import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -410,8 +411,10 @@ async def _all(calls: list[Awaitable[None]]) -> None:
 
 
 def build_verifier_engine(cfg: LabellerConfig, seed: int = 0) -> Any:
-    """The engine of ``labeller.inference.backend`` serving ``labeller.model.path``."""
-    return build_engine(cfg.model.path, cfg.inference, seed=seed)
+    """The engine of ``labeller.inference.backend`` serving ``labeller.model.path`` (for vllm, a
+    tiny model is built there first when it is missing and ``make_tiny_if_missing`` allows it)."""
+    path = str(ensure_model(cfg.model)) if cfg.inference.backend == "vllm" else cfg.model.path
+    return build_engine(path, cfg.inference, seed=seed)
 
 
 async def label_trajectories(

@@ -48,8 +48,10 @@ def _model(cfg: CriticConfig, tools: dict[str, list[dict[str, Any]]] | None, eng
             "pipeline serves <run_dir>/05_train_critic/model once stage train_critic has run"
         )
     if engine is None:
-        engine = build_engine(cfg.model.path, cfg.inference, seed=cfg.model.seed)
-    return ModelVerifier(engine, critic_sampling(cfg), max_prompt_chars=cfg.max_prompt_chars, name=cfg.model.path)
+        # critic.model.dtype: a trained critic is saved in float32 (the learner's master weights)
+        engine = build_engine(cfg.model.path, cfg.inference, seed=cfg.model.seed, dtype=cfg.model.dtype)
+    return ModelVerifier(engine, critic_sampling(cfg), max_prompt_chars=cfg.max_prompt_chars, name=cfg.model.path,
+                         min_invalid_prob=cfg.min_invalid_prob)
 
 
 def critic_sampling(cfg: CriticConfig, adapter: str | None = None) -> Sampling:
@@ -59,7 +61,7 @@ def critic_sampling(cfg: CriticConfig, adapter: str | None = None) -> Sampling:
         max_new_tokens=cfg.inference.max_new_tokens,
         temperature=cfg.inference.temperature,
         top_p=cfg.inference.top_p,
-        logprobs=False,
+        logprobs=cfg.min_invalid_prob > 0,  # the verdict token's probability
         regex=CRITIQUE_REGEX if cfg.structured else None,
         adapter=adapter,
     )

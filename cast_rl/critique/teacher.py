@@ -27,6 +27,7 @@ from cast_rl.critique.verifier import VerifyRequest
 from cast_rl.envs.core import DomainData
 from cast_rl.inference import build_engine
 from cast_rl.inference.base import Sampling
+from cast_rl.models.chat import split_thought
 from cast_rl.records import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class Teacher:
             logger.warning("teacher call failed: %s", exc)
             self.stats.discarded += 1
             return None
-        rewritten = parse_critique(completion.text)
+        rewritten = parse_critique(split_thought(completion.text)[1])  # a Qwen3 thought is no critique
         ok = (
             rewritten is not None
             and rewritten.verdict == rationale.verdict
@@ -98,17 +99,22 @@ class Teacher:
 
 def build_teacher_engine(cfg: TeacherConfig, seed: int = 0) -> Any:
     """The engine of ``teacher.inference.backend``: an OpenAI-compatible endpoint (openai, the
-    model named ``teacher.model.path``) or the local model at ``teacher.model.path``."""
-    return build_engine(cfg.model.path, cfg.inference, seed=seed)
+    model named ``teacher.model.path``) or the local model at ``teacher.model.path``, served in
+    ``teacher.model.dtype``."""
+    return build_engine(cfg.model.path, cfg.inference, seed=seed, dtype=cfg.model.dtype)
 
 
 async def rewrite_labels(
-    cfg: TeacherConfig, data: DomainData, labels: list[ActionLabel], trajectories: list[Trajectory], seed: int = 0
+    cfg: TeacherConfig, data: DomainData, labels: list[ActionLabel], trajectories: list[Trajectory], seed: int = 0,
+    engine: Any = None,
 ) -> dict[str, float]:
     """Let the teacher of ``cfg`` rewrite each label's rationale in place (sampling from
     ``teacher.inference``); rewrites that fail the checks are discarded.  Returns the
-    ``label/teacher_rewritten`` and ``label/teacher_discarded`` counts."""
-    engine = build_teacher_engine(cfg, seed)
+    ``label/teacher_rewritten`` and ``label/teacher_discarded`` counts.  ``engine``: a running
+    teacher engine (the pipeline's teacher service, ``actors.teacher_service``), left open; without
+    one, the engine is built here and closed after."""
+    owned = engine is None
+    engine = build_teacher_engine(cfg, seed) if owned else engine
     sampling = Sampling(
         max_new_tokens=cfg.inference.max_new_tokens,
         temperature=cfg.inference.temperature,
@@ -123,5 +129,6 @@ async def rewrite_labels(
             if rationale is not None:
                 labels[pos].rationale = rationale.to_json()
     finally:
-        await engine.close()
+        if owned:
+            await engine.close()
     return {"label/teacher_rewritten": teacher.stats.rewritten, "label/teacher_discarded": teacher.stats.discarded}

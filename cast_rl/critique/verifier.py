@@ -15,13 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import re
 from collections import Counter
 from dataclasses import replace
 from typing import Any
 
 from cast_rl.critique.context import ActionRef, Visible
 from cast_rl.critique.prompt import critic_messages
-from cast_rl.critique.rationale import format_critique, leakage_problems, parse_critique, unparsable
+from cast_rl.critique.rationale import (
+    Rationale,
+    format_critique,
+    leakage_problems,
+    parse_critique,
+    unparsable,
+)
 from cast_rl.critique.records import VERDICTS, Critique, Verifier, VerifyRequest
 from cast_rl.critique.rules import choose, get_rules, to_rationale, visible_findings
 from cast_rl.inference.base import Sampling
@@ -73,7 +81,7 @@ class ModelVerifier:
 
     def __init__(
         self, engine: Any, sampling: Any = None, max_prompt_chars: int = 24_000, name: str = "",
-        owns_engine: bool = True,
+        owns_engine: bool = True, min_invalid_prob: float = 0.0,
     ) -> None:
         self.engine = engine
         self.owns_engine = owns_engine
@@ -82,6 +90,11 @@ class ModelVerifier:
         self.sampling = sampling or Sampling(max_new_tokens=256, temperature=0.0, logprobs=False)
         self.max_prompt_chars = max_prompt_chars
         self.name = name or str(getattr(engine, "model_path", "model"))
+        self.min_invalid_prob = min_invalid_prob
+        """``critic.min_invalid_prob``: an "invalid" below it is judged valid (:meth:`confident`)."""
+        if min_invalid_prob > 0 and not (self.sampling.logprobs and getattr(engine, "tokenizer", None) is not None):
+            raise ValueError("critic.min_invalid_prob > 0 needs the critic's token logprobs and its engine's "
+                             "tokenizer (a vLLM engine; sampling with logprobs=True)")
 
     async def verify(self, requests: list[VerifyRequest]) -> list[Critique]:
         results = await asyncio.gather(
@@ -91,7 +104,23 @@ class ModelVerifier:
             ),
             return_exceptions=True,
         )
-        return [replace(self.parse(r), critic=self.name) for r in results]
+        critiques = [self.parse(r) for r in results]
+        if self.min_invalid_prob > 0:
+            critiques = [self.confident(c, r) for c, r in zip(critiques, results)]
+        return [replace(c, critic=self.name) for c in critiques]
+
+    def confident(self, critique: Critique, completion: Any) -> Critique:
+        """``critique``, or a valid one when it says invalid with a verdict token less probable
+        than ``min_invalid_prob`` (the probability is kept in the rationale as ``invalid_prob``)."""
+        if critique.verdict != "invalid":
+            return critique
+        prob = verdict_probability(self.engine.tokenizer, completion)
+        if prob is None or prob >= self.min_invalid_prob:
+            return critique
+        rationale = Rationale("valid", "none", explanation=(
+            f"The critic's invalid verdict had probability {prob:.3f}, under critic.min_invalid_prob="
+            f"{self.min_invalid_prob}: the action is judged valid."))
+        return Critique("valid", "none", {**rationale.to_json(), "invalid_prob": prob}, format_critique(rationale))
 
     async def close(self) -> None:
         """Shut the critic's engine down (its processes and memory), if it is the critic's own."""
@@ -118,6 +147,23 @@ UNPARSABLE_TEXT = (
     "the policy and what you were told, then propose it again or a corrected one."
 )
 """What the policy is shown for an unparsable answer under ``critic.on_unparsable=reject``."""
+
+
+def verdict_probability(tokenizer: Any, completion: Any) -> float | None:
+    """The probability the critic gave the first token of its verdict word (``VERDICT: <word>``),
+    from the completion's per-token logprobs; None when the answer has no verdict line."""
+    match = _VERDICT_WORD.search(completion.text)
+    if match is None or not completion.logprobs:
+        return None
+    start, text = match.start(1), ""
+    for i, token in enumerate(completion.token_ids):
+        text += tokenizer.decode([token], skip_special_tokens=False)
+        if len(text) > start:
+            return math.exp(completion.logprobs[i])
+    return None
+
+
+_VERDICT_WORD = re.compile(r"VERDICT:\s*(valid|invalid)", re.IGNORECASE)
 
 
 class GuardedVerifier:

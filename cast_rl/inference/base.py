@@ -18,6 +18,12 @@ class GenerationTimeout(TimeoutError):
     """A generation call exceeded its timeout; the episode records it as a failure."""
 
 
+class ContextOverflow(ValueError):
+    """A chat prompt, in the serving model's own tokens, leaves no room for the answer within its
+    ``inference.max_model_len``; an episode records it as a ``context_overflow`` ending (a teacher
+    whose tokenizer writes the conversation in more tokens than the policy's)."""
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Per-request sampling parameters."""

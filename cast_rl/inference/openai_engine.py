@@ -30,6 +30,7 @@ from typing import Any
 
 from cast_rl.config.schema import InferenceConfig
 from cast_rl.inference.base import Completion, GenerationTimeout, Sampling
+from cast_rl.models.chat import template_kwargs
 
 _TOKEN_ID_PREFIX = "token_id:"
 """vLLM's logprob token strings under ``return_tokens_as_token_ids``."""
@@ -126,6 +127,8 @@ class OpenAIEngine:
             args["tools"] = tools
         if sampling.ignore_eos:
             args["extra_body"] = {**args.get("extra_body", {}), "ignore_eos": True}
+        if self.cfg.thinking != "off":  # vLLM's server: the chat template's enable_thinking (off: the server's default)
+            args["extra_body"] = {**args.get("extra_body", {}), "chat_template_kwargs": template_kwargs(self.cfg.thinking)}
         response = await self._call(
             "chat completion",
             self._client.chat.completions.create(model=self._model(sampling), messages=messages, **args),  # type: ignore[arg-type]

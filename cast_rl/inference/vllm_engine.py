@@ -37,8 +37,9 @@ import torch
 
 from cast_rl.config.schema import InferenceConfig
 from cast_rl.inference.adapters import AdapterUpdate, write_adapter
-from cast_rl.inference.base import Completion, GenerationTimeout, Sampling
+from cast_rl.inference.base import Completion, ContextOverflow, GenerationTimeout, Sampling
 from cast_rl.inference.weight_sync import WeightMeta, WeightSyncError
+from cast_rl.models.chat import template_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -213,9 +214,13 @@ class VLLMEngine:
         tools: list[dict[str, Any]] | None = None,
     ) -> Completion:
         text = self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, tokenize=False, add_generation_prompt=True
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=True,
+            **template_kwargs(self.cfg.thinking),
         )
         ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        if len(ids) + sampling.max_new_tokens > self.cfg.max_model_len:
+            raise ContextOverflow(f"chat prompt of {len(ids)} tokens + max_new_tokens={sampling.max_new_tokens} "
+                                  f"exceeds inference.max_model_len={self.cfg.max_model_len} ({self.model_path})")
         completion = await self.generate(ids, sampling)
         # the message ends at the stop token, whichever one ended it (eos, or a pad/end-of-text
         # token the model's generation config also stops on)
@@ -313,7 +318,7 @@ class VLLMEngine:
                                   f"served version {served}; refused")
         if self._adapter_root is None:
             self._adapter_root = Path(tempfile.mkdtemp(prefix="cast_rl-adapters-"))
-            weakref.finalize(self, shutil.rmtree, str(self._adapter_root), True)
+            self._remove_adapters = weakref.finalize(self, shutil.rmtree, str(self._adapter_root), True)
         path = write_adapter(self._adapter_root / update.name / f"v{update.version}", update)
         if self._cpu and _BASE_ADAPTER not in self.adapters:
             zero = AdapterUpdate.build(_BASE_ADAPTER, 0, {k: torch.zeros_like(v) for k, v in update.tensors.items()},
@@ -342,3 +347,5 @@ class VLLMEngine:
 
     async def close(self) -> None:
         self._shutdown()
+        if self._adapter_root is not None:  # the adapter directories it wrote (a killed actor leaves them)
+            self._remove_adapters()

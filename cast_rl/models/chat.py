@@ -17,6 +17,27 @@ from typing import Any
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _OPEN = "<tool_call>"
 _CLOSE = "</tool_call>"
+_THOUGHT_RE = re.compile(r"\A\s*<think>(.*?)</think>\s*", re.DOTALL)
+
+
+def template_kwargs(thinking: str) -> dict[str, Any]:
+    """The chat-template options of ``inference.thinking`` (Qwen3's ``enable_thinking``; templates
+    that do not read it ignore it), passed wherever a prompt is rendered: rollouts, engines' chat."""
+    return {"enable_thinking": thinking != "off"}
+
+
+def split_thought(text: str) -> tuple[str, str]:
+    """``(thought, answer)`` of a generated turn: ``thought`` is the leading ``<think>...</think>``
+    block exactly as written (with the whitespace after it), ``""`` when the turn opens with none;
+    ``thought + answer == text``."""
+    match = _THOUGHT_RE.match(text)
+    return (match.group(0), text[match.end():]) if match else ("", text)
+
+
+def thought_body(thought: str) -> str:
+    """The text inside a :func:`split_thought` block (a message's ``reasoning_content``)."""
+    match = _THOUGHT_RE.match(thought)
+    return match.group(1).strip("\n") if match else ""
 
 
 @dataclass
@@ -34,11 +55,51 @@ def render(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None = None,
     add_generation_prompt: bool = False,
+    thinking: str = "off",
 ) -> str:
-    """The conversation as text through the model's chat template."""
+    """The conversation as text through the model's chat template (``inference.thinking``)."""
     return tokenizer.apply_chat_template(
-        messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
+        messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt,
+        **template_kwargs(thinking),
     )
+
+
+RETEMPLATE_HINT = "cast-rl model retemplate SRC DST"
+"""The command that writes a model directory with cast_rl's chat template (weights linked)."""
+
+
+def check_appends_only(tokenizer: Any, thinking: str = "off", name: str = "the model") -> None:
+    """Raise ``ValueError`` unless the chat template renders a growing conversation by appending.
+
+    Multi-turn rollouts keep exact token ids by appending, turn after turn, the difference between
+    two renderings (:mod:`cast_rl.rollout.tokens`), so every rendering must extend the previous one.
+    Some checkpoints' own templates rewrite earlier turns: Qwen3's drops the ``<think>`` block of
+    every assistant turn before the latest user message (and its empty block with thinking off),
+    so the ids a policy was sampled with would no longer be the ids it trains on.  The probe is a
+    short tool-calling conversation, with a thought in the assistant turn when thinking is on.
+    """
+    thought = "<think>\nchecking the order\n</think>\n\n" if thinking != "off" else ""
+    call = {"name": "get_order_details", "arguments": {"order_id": "#W1"}}
+    turns = [
+        {"role": "system", "content": "You are a customer service agent."},
+        {"role": "user", "content": "Where is my order #W1?"},
+        {"role": "assistant", "content": thought + "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"},
+        {"role": "tool", "content": '{"status": "pending"}'},
+        {"role": "assistant", "content": thought + "It is pending."},
+        {"role": "user", "content": "Thanks."},
+    ]
+    tools = [{"type": "function", "function": {"name": "get_order_details", "description": "An order.",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    before = ""
+    for n in range(1, len(turns) + 1):
+        text = render(tokenizer, turns[:n], tools, thinking=thinking)
+        prompted = render(tokenizer, turns[:n], tools, add_generation_prompt=True, thinking=thinking)
+        if not text.startswith(before) or not prompted.startswith(text):
+            raise ValueError(
+                f"the chat template of {name} re-renders earlier turns once a {turns[n - 1]['role']} turn follows "
+                f"(inference.thinking={thinking}), so multi-turn token ids cannot stay exact; write a copy whose "
+                f"tokenizer has cast_rl's template ({RETEMPLATE_HINT}) and point the config at it")
+        before = text
 
 
 def parse_assistant(text: str) -> ParsedTurn:

@@ -27,6 +27,7 @@ from cast_rl.config.schema import STAGE_DIRS, CastConfig, CriticConfig
 from cast_rl.critique.service import critic_description
 from cast_rl.envs.core import DomainData
 from cast_rl.records import Trajectory
+from cast_rl.rollout.teacher import teacher_rollout_config
 
 logger = logging.getLogger(__name__)
 
@@ -137,10 +138,11 @@ class PipelineContext:
     """Directories, data, the current policy and the shared rollout group of one pipeline run."""
 
     def __init__(self, cfg: CastConfig, data: DomainData,
-                 make_group: Callable[[CastConfig], Collector]) -> None:
+                 make_group: Callable[..., Collector]) -> None:
         self.cfg = cfg
         self.make_group = make_group
-        """Starts the shared rollout group for a config (the launcher passes ``RolloutGroup``)."""
+        """Starts the shared rollout group for a config (the launcher passes ``RolloutGroup``), or
+        with ``kind="teacher"`` the teacher's workers (:meth:`teacher_group`)."""
         self.data = data
         self.root = Path(cfg.run_dir)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -223,6 +225,13 @@ class PipelineContext:
             logger.info("rollout group: critic is now %s", critic_description(critic))
             self._group.set_critic(critic)
         return self._group
+
+    def teacher_group(self) -> Collector:
+        """Rollout workers that play the teacher model on the training tasks
+        (``pipeline.collect_policy=teacher``, :mod:`cast_rl.rollout.teacher`), on ``teacher.num_gpus``
+        each: the shared rollout group gives its resources back first.  The caller shuts them down."""
+        self.release_rollout_group()
+        return self.make_group(teacher_rollout_config(self.train_cfg()), kind="teacher")
 
     def sync_policy(self, version: int, state_ref: Any, checksum: str) -> None:
         """Publish new weights to the rollout group (if one runs) under a new version."""

@@ -31,7 +31,13 @@ from cast_rl.critique.service import CriticUnavailable
 from cast_rl.envs.core import DomainData, Episode, StepTimeout
 from cast_rl.envs.types import RESPOND, Action
 from cast_rl.envs.users import build_user
-from cast_rl.inference.base import Completion, GenerationTimeout, InferenceEngine, Sampling
+from cast_rl.inference.base import (
+    Completion,
+    ContextOverflow,
+    GenerationTimeout,
+    InferenceEngine,
+    Sampling,
+)
 from cast_rl.models.aliases import EntityAliases
 from cast_rl.records import CRITIC_NAME, PolicyTurn, Trajectory, VerificationRound
 from cast_rl.rollout.tokens import ConversationTokens
@@ -201,7 +207,7 @@ class EpisodeRunner:
         )
         return EpisodeState(
             spec=spec, episode=episode, engine=engine,
-            conv=ConversationTokens(engine.tokenizer, self.data.tools, self.aliases),
+            conv=ConversationTokens(engine.tokenizer, self.data.tools, self.aliases, self.cfg.inference.thinking),
             sampling=replace(self.sampling, seed=seed), versions={self.policy_version()},
         )
 
@@ -338,6 +344,9 @@ class EpisodeRunner:
             return bool(await work)
         except GenerationTimeout:
             state.termination = "generation_timeout"
+        except ContextOverflow as exc:  # a teacher's own tokens outgrew its context
+            logger.warning("episode %s: %s", state.spec.key, exc)
+            state.termination = "context_overflow"
         except CriticUnavailable as exc:  # every retry and fail-over of the critic failed
             logger.warning("episode %s: %s", state.spec.key, exc)
             state.termination = "critic_unavailable"
@@ -436,7 +445,9 @@ class EpisodeRunner:
     @staticmethod
     async def _generate(state: EpisodeState) -> Completion:
         """The engine's next turn.  A scripted teacher (``writes_real_ids``) reads the prompt
-        with real identifiers, and its turn is written as the policy would write it (aliases)."""
+        with real identifiers, and its turn is written as the policy would write it (aliases);
+        a model teacher (``reads_messages``, :mod:`cast_rl.rollout.teacher`) reads the messages
+        through its own chat template, and its text becomes the policy tokenizer's ids."""
         conv, engine = state.conv, state.engine
         sampling = state.sampling
         if sampling.seed is not None:
@@ -445,13 +456,11 @@ class EpisodeRunner:
             # configuration and rerun (configurations compare on common random numbers)
             sampling = replace(sampling, seed=zlib.crc32(repr((sampling.seed, len(conv.messages))).encode())
                                & 0x7FFFFFFF)
+        if getattr(engine, "reads_messages", False):
+            return conv.encode_turn((await engine.chat(conv.messages, sampling, conv.tools)).text)
         if conv.aliases is None or not getattr(engine, "writes_real_ids", False):
             return await engine.generate(conv.token_ids, sampling)
-        completion = await engine.generate(conv.env_prompt_ids(), sampling)
-        tok = conv.tokenizer
-        text = conv.policy_text(completion.text)
-        ids = [*tok(text, add_special_tokens=False).input_ids, tok.convert_tokens_to_ids(tok.eos_token)]
-        return Completion(text=text, token_ids=ids, logprobs=[0.0] * len(ids))
+        return conv.encode_turn((await engine.generate(conv.env_prompt_ids(), sampling)).text)
 
     def _request(self, conv: ConversationTokens, action: Action):  # noqa: ANN202
         from cast_rl.critique.verifier import VerifyRequest

@@ -22,6 +22,14 @@ it, identifiers replaced by per-conversation aliases, while ``messages`` keep th
 policy's turns are mapped back before they are parsed (a turn with an alias the table cannot map
 back parses as malformed, so it runs nothing), and :meth:`policy_text` / :meth:`env_prompt_ids`
 serve engines that write real identifiers (the scripted teachers).
+
+``thinking`` (``inference.thinking``) reaches the chat template as ``enable_thinking`` on every
+rendering, and decides where a turn's leading ``<think>...</think>`` goes: ``keep`` leaves it in the
+message's content, ``strip`` moves it to ``reasoning_content`` (which the template writes back as
+the same block, so the conversation still re-renders to its ids).  Either way the ids are the
+ones sampled: the tokens the learner trains on are the tokens the policy wrote and was prompted
+with.  A turn written by another model or a script (:meth:`encode_turn`) gets the policy
+tokenizer's canonical ids, the one path by which teachers' turns become policy tokens.
 """
 
 from __future__ import annotations
@@ -34,7 +42,13 @@ from typing import Any
 
 from cast_rl.inference.base import Completion
 from cast_rl.models.aliases import EntityAliases
-from cast_rl.models.chat import ParsedTurn, parse_assistant
+from cast_rl.models.chat import (
+    ParsedTurn,
+    parse_assistant,
+    split_thought,
+    template_kwargs,
+    thought_body,
+)
 
 
 class ConversationTokens:
@@ -42,10 +56,13 @@ class ConversationTokens:
 
     def __init__(
         self, tokenizer: Any, tools: list[dict[str, Any]] | None, aliases: EntityAliases | None = None,
+        thinking: str = "off",
     ) -> None:
         self.tokenizer = tokenizer
         self.tools = tools or None
         self.aliases = aliases
+        self.thinking = thinking
+        """``inference.thinking`` (module docstring)."""
         self.messages: list[dict[str, Any]] = []
         self.token_ids: list[int] = []
         self.loss_mask: list[int] = []
@@ -69,7 +86,8 @@ class ConversationTokens:
         if shown and self.aliases is not None:
             messages = self.aliases.apply(messages)[0]
         return self.tokenizer.apply_chat_template(
-            messages, tools=self.tools, tokenize=False, add_generation_prompt=generation_prompt
+            messages, tools=self.tools, tokenize=False, add_generation_prompt=generation_prompt,
+            **template_kwargs(self.thinking),
         )
 
     def policy_text(self, text: str) -> str:
@@ -77,6 +95,15 @@ class ConversationTokens:
         if self.aliases is None:
             return text
         return self.aliases.to_policy(self.aliases.apply(self.messages)[1], text)
+
+    def encode_turn(self, text: str) -> Completion:
+        """A turn another model or a script wrote (real identifiers) as the policy would have
+        written it: aliases applied, the policy tokenizer's canonical ids plus its end-of-turn
+        token, no logprobs (zeros; it is no sample of the policy)."""
+        text = self.policy_text(text)
+        tok = self.tokenizer
+        ids = [*tok(text, add_special_tokens=False).input_ids, tok.convert_tokens_to_ids(tok.eos_token)]
+        return Completion(text=text, token_ids=ids, logprobs=[0.0] * len(ids))
 
     def env_prompt_ids(self) -> list[int]:
         """The prompt with real identifiers, for an engine that reads and writes them (a scripted
@@ -163,10 +190,15 @@ class ConversationTokens:
             table = self.aliases.apply(self.messages)[1]
             unmapped = self.aliases.unmapped(table, text)
             text = self.aliases.to_real(table, text)
-        parsed = parse_assistant(text)
+        thought, answer = split_thought(text) if self.thinking != "off" else ("", text)
+        parsed = parse_assistant(answer)  # a call inside a thought runs nothing
         if unmapped:  # an alias that names nothing: an error observation, never a tool argument
-            parsed = ParsedTurn(content=text, errors=[unmapped_alias_error(unmapped)])
-        message = assistant_message(parsed, raw_text=text, turn=len(self.messages))
+            parsed = ParsedTurn(content=answer, errors=[unmapped_alias_error(unmapped)])
+        if self.thinking == "strip" and thought_body(thought):  # the template writes it back as generated
+            message = {**assistant_message(parsed, raw_text=answer, turn=len(self.messages)),
+                       "reasoning_content": thought_body(thought)}
+        else:
+            message = assistant_message(parsed, raw_text=answer, turn=len(self.messages), thought=thought)
         self.messages.append(message)
         self._newline_pending = True
         return message, parsed
@@ -204,18 +236,19 @@ def unmapped_alias_error(aliases: list[str]) -> str:
             "of this conversation; name only identifiers it has shown")
 
 
-def assistant_message(parsed: ParsedTurn, raw_text: str, turn: int) -> dict[str, Any]:
+def assistant_message(parsed: ParsedTurn, raw_text: str, turn: int, thought: str = "") -> dict[str, Any]:
     """The OpenAI-style assistant message for a generated turn.
 
     Well-formed calls become ``tool_calls`` (arguments as the JSON string the chat template
     writes back); a turn with malformed markup keeps its raw text as content so that it
-    re-renders to what the policy wrote.
+    re-renders to what the policy wrote.  ``thought``: the ``<think>`` block written before
+    ``raw_text`` (``inference.thinking=keep``), kept at the start of the content.
     """
     if parsed.errors or not parsed.tool_calls:
-        return {"role": "assistant", "content": raw_text}
+        return {"role": "assistant", "content": thought + raw_text}
     # The template writes content, a newline, then the calls: keep the raw prefix so that a
     # canonically formatted turn re-renders byte for byte.
-    prefix = raw_text[: raw_text.index("<tool_call>")]
+    prefix = thought + raw_text[: raw_text.index("<tool_call>")]
     message: dict[str, Any] = {"role": "assistant", "content": prefix.removesuffix("\n")}
     if parsed.tool_calls:
         message["tool_calls"] = [

@@ -48,7 +48,8 @@ class SharedEngineCritic:
         self.engine = engine
         self.adapter_dir = critic_adapter_dir(critic)
         self.inner = ModelVerifier(engine, critic_sampling(critic, adapter=CRITIC_ADAPTER),
-                                   max_prompt_chars=critic.max_prompt_chars, name=critic.model.path, owns_engine=False)
+                                   max_prompt_chars=critic.max_prompt_chars, name=critic.model.path, owns_engine=False,
+                                   min_invalid_prob=critic.min_invalid_prob)
         self._loaded = False
         self._lock = asyncio.Lock()
 

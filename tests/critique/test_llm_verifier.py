@@ -238,3 +238,23 @@ def test_vllm_requests_carry_the_json_schema() -> None:
     assert _structured(Sampling(json_schema=schema), Params).kwargs == {"json": schema}
     assert _structured(Sampling(regex="a+"), Params).kwargs == {"regex": "a+"}
     assert _structured(Sampling(), Params) is None
+
+
+def test_verifier_engine_builds_its_tiny_model_when_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``labeller.model.make_tiny_if_missing`` is honoured as the user's and the critic's is: the
+    CPU rehearsal (configs/paper/rehearsal_cpu.yaml) points the verifier at a directory that does
+    not exist yet; before, the engine was started on it and failed."""
+    from cast_rl.critique import llm_verifier
+
+    started: list[str] = []
+    monkeypatch.setattr(llm_verifier, "build_engine", lambda path, cfg, seed=0: started.append(path) or "engine")
+    cfg = LabellerConfig(backend="llm", model=ModelConfig(path=str(tmp_path / "tiny-verifier"), make_tiny_if_missing=True))
+    assert llm_verifier.build_verifier_engine(cfg) == "engine"
+    assert started == [str(tmp_path / "tiny-verifier")] and (tmp_path / "tiny-verifier" / "config.json").exists()
+    missing = LabellerConfig(backend="llm", model=ModelConfig(path=str(tmp_path / "absent"), make_tiny_if_missing=False))
+    with pytest.raises(FileNotFoundError, match="absent"):
+        llm_verifier.build_verifier_engine(missing)
+    endpoint = LabellerConfig(backend="llm", model=ModelConfig(path="a-served-name", make_tiny_if_missing=False),
+                              inference=InferenceConfig(backend="openai", base_url="http://127.0.0.1:1/v1"))
+    llm_verifier.build_verifier_engine(endpoint)  # an endpoint's model is a name, not a directory
+    assert started[-1] == "a-served-name"

