@@ -132,7 +132,7 @@ def test_report_domains_and_missing_stages(tmp_path: Path) -> None:
 
 
 REHEARSALS = [
-    pytest.param(layout, marks=[pytest.mark.slow, pytest.mark.timeout(3600)]
+    pytest.param(layout, marks=[pytest.mark.timeout(3600)]
                  + ([] if layout.stem == "qwen3_4b_1x8gpu" else [pytest.mark.rehearse]), id=layout.stem)
     for layout in LAYOUTS
 ]
@@ -145,6 +145,7 @@ eight evaluation engines: four domains, before and after), more than CI's usual 
 slow test (tests/conftest.py), so the test checks the deadline itself."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", REHEARSALS)
 def test_layout_rehearses_every_stage_and_four_domains(layout: Path, tmp_path: Path, benchmarks_dir: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
