@@ -61,20 +61,21 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def vllm_server(model: str, max_model_len: int, log_path: Path, seed: int = 0,
-                timeout_s: float = SERVER_START_TIMEOUT_S) -> Iterator[str]:
+                timeout_s: float = SERVER_START_TIMEOUT_S, api_key: str | None = None) -> Iterator[str]:
     """A real ``vllm serve`` of ``model`` (served under that same name) on 127.0.0.1; yields its
-    ``/v1`` base URL once ``/v1/models`` answers, and stops it (its whole process group) after."""
+    ``/v1`` base URL once ``/v1/models`` answers, and stops it (its whole process group) after.
+    With ``api_key`` the server requires it (and the readiness check sends it)."""
     port = free_port()
     cmd = [*_serve_command(model), "--served-model-name", model, "--host", "127.0.0.1", "--port", str(port),
            "--dtype", "float32", "--enforce-eager", "--gpu-memory-utilization", "0.1",
-           "--max-model-len", str(max_model_len), "--seed", str(seed)]
+           "--max-model-len", str(max_model_len), "--seed", str(seed), *(["--api-key", api_key] if api_key else [])]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base_url = f"http://127.0.0.1:{port}/v1"
     try:
-        _wait_until_listed(proc, base_url, model, log_path, timeout_s)
+        _wait_until_listed(proc, base_url, model, log_path, timeout_s, api_key)
         logger.info("vllm serve %s on %s (pid %d)", model, base_url, proc.pid)
         yield base_url
     finally:
@@ -92,14 +93,17 @@ def _serve_command(model: str) -> list[str]:
     return [str(Path(sys.executable).with_name("vllm")), "serve", model]
 
 
-def _wait_until_listed(proc: subprocess.Popen, base_url: str, model: str, log_path: Path, timeout_s: float) -> None:
+def _wait_until_listed(proc: subprocess.Popen, base_url: str, model: str, log_path: Path, timeout_s: float,
+                       api_key: str | None = None) -> None:
+    request = urllib.request.Request(f"{base_url}/models",
+                                     headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log_path.read_text()[-2000:]
             raise RuntimeError(f"vllm serve exited with {proc.returncode} before serving; {log_path} ends:\n{tail}")
         try:
-            with urllib.request.urlopen(f"{base_url}/models", timeout=5) as resp:
+            with urllib.request.urlopen(request, timeout=5) as resp:
                 if model in [m["id"] for m in json.load(resp)["data"]]:
                     return
         except (urllib.error.URLError, ConnectionError, TimeoutError):

@@ -13,12 +13,8 @@ import contextlib
 import json
 import logging
 import os
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -260,40 +256,23 @@ def test_a_model_critic_runs_through_backend_openai(stub: str) -> None:
     assert path == "/v1/chat/completions" and body["model"] == "critic-model" and body["temperature"] == 0.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_the_user_simulator_through_a_real_vllm_openai_server(tiny_model_dir: Path, tmp_path: Path) -> None:
     """``vllm serve`` of the tiny model on 127.0.0.1: the LLM user chats through it and a policy
     generate returns ids with logprobs (skipped when the server is not up within 120 s)."""
     from cast_rl.envs.types import Task
     from cast_rl.envs.users import build_user, user_engine
+    from launchers.rehearse import vllm_server
 
-    port = _free_port()
-    log = (tmp_path / "vllm.log").open("w")
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir),
-         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-         "--max-model-len", "1024", "--api-key", KEY],
-        stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.skip(f"vllm serve did not come up in 120 s (see {tmp_path / 'vllm.log'})")
-                time.sleep(2)
+    log = tmp_path / "vllm.log"
+    with contextlib.ExitStack() as stack:
+        try:
+            base_url = stack.enter_context(vllm_server(str(tiny_model_dir), 1024, log, timeout_s=120, api_key=KEY))
+        except TimeoutError:
+            pytest.skip(f"vllm serve did not come up in 120 s (see {log})")
+        stack.callback(os.environ.pop, KEY_ENV, None)
         os.environ[KEY_ENV] = KEY
-        inference = _cfg(f"{base}/v1", max_new_tokens=8, temperature=0.0)
+        inference = _cfg(base_url, max_new_tokens=8, temperature=0.0)
         cfg = UserConfig(type="llm", model=ModelConfig(path=str(tiny_model_dir)), inference=inference)
         engine, complete = user_engine(cfg)
 
@@ -309,11 +288,3 @@ def test_the_user_simulator_through_a_real_vllm_openai_server(tiny_model_dir: Pa
         assert isinstance(reply, str)
         assert 1 <= len(completion.token_ids) <= 4 and len(completion.logprobs) == len(completion.token_ids)
         assert all(lp <= 0.0 for lp in completion.logprobs)
-    finally:
-        os.environ.pop(KEY_ENV, None)
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
