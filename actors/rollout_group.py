@@ -8,6 +8,7 @@ start, and results are keyed by unit so nothing is lost or duplicated.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -49,6 +50,9 @@ class RolloutGroup:
         """``kind``: ``rollout`` (the policy's workers) or ``teacher`` (the teacher model plays,
         :mod:`cast_rl.rollout.teacher`; ``teacher.num_workers`` workers on ``teacher.num_gpus``)."""
         self.cfg = cfg
+        """The config later episodes run under: its ``env`` follows :meth:`set_domain`."""
+        self.built_cfg = cfg
+        """What a restarted actor is rebuilt from (:meth:`_wait_alive` re-applies the changes since)."""
         request = actor_request(cfg, kind)  # what the resource check counts
         n = num_workers or request.count
         options = {
@@ -58,7 +62,8 @@ class RolloutGroup:
         }
         self.workers = [rollout_worker.RolloutWorkerActor.options(**options).remote(cfg, i, kind) for i in range(n)]
         self.resubmitted_chunks = 0
-        # The budget and critic every worker uses now; re-applied to a restarted worker.
+        # The budget and critic every worker uses now (the domain: self.cfg.env); re-applied to a
+        # restarted worker.
         self.verification_budget = cfg.critic.verification_budget
         self.critic = cfg.critic
         ray.get([w.ready.remote() for w in self.workers])
@@ -119,9 +124,11 @@ class RolloutGroup:
             try:
                 ray.get(self.workers[w].ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
                 # a restarted actor is rebuilt from the construction config
-                if self.critic != self.cfg.critic:
+                if self.cfg.env != self.built_cfg.env:
+                    ray.get(self.workers[w].set_domain.remote(self.cfg))
+                if self.critic != self.built_cfg.critic:
                     ray.get(self.workers[w].set_critic.remote(self.critic))
-                if self.verification_budget != self.cfg.critic.verification_budget:
+                if self.verification_budget != self.built_cfg.critic.verification_budget:
                     ray.get(self.workers[w].set_verification_budget.remote(self.verification_budget))
                 return
             except _WORKER_FAILURES:
@@ -167,6 +174,16 @@ class RolloutGroup:
         """
         ray.get([w.set_verification_budget.remote(budget) for w in self.workers])
         self.verification_budget = budget
+
+    def set_domain(self, cfg: CastConfig) -> None:
+        """Every worker runs later episodes in ``cfg.env``'s domain (only ``env`` is read), on
+        the engines it has, with the same critic and budget.
+
+        Lets one group (one vLLM engine per worker) serve every domain of ``eval.domains``; call
+        it between ``collect`` calls.  A restarted worker gets the domain again.
+        """
+        ray.get([w.set_domain.remote(cfg) for w in self.workers])
+        self.cfg = dataclasses.replace(self.cfg, env=cfg.env)
 
     def set_critic(self, critic: CriticConfig) -> str:
         """Every worker consults ``critic`` from now on (same budget); returns its description.

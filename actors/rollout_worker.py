@@ -28,6 +28,7 @@ from cast_rl.rollout.worker import RolloutWorker
 class RolloutWorkerActor:
     def __init__(self, cfg: CastConfig, worker_index: int, kind: str = "rollout") -> None:
         data = load_env_data(cfg)
+        self.kind = kind
         if kind == "teacher":  # the teacher model plays; the policy's tokenizer writes the ids; no critic
             engine, verifier = build_teacher_policy(cfg, seed=cfg.seed + worker_index), None
         else:
@@ -81,6 +82,13 @@ class RolloutWorkerActor:
 
     async def set_critic(self, critic: CriticConfig) -> str:
         return await self.worker.set_critic(critic)
+
+    async def set_domain(self, cfg: CastConfig) -> str:
+        """Later episodes in ``cfg.env``'s domain, on this worker's engine (a policy worker only)."""
+        if self.kind != "rollout":
+            raise ValueError(f"set_domain switches a policy rollout worker's domain; this is a {self.kind!r} worker "
+                             "(the teacher's workers collect the training domain only)")
+        return await self.worker.set_domain(cfg, load_env_data(cfg))
 
     def pause(self) -> None:
         self.worker.pause()

@@ -3,7 +3,7 @@
 Run (from the repo root)::
 
     .venv/bin/python bench/weight_sync.py [--layers 9] [--hidden 1024] [--dtype float32]
-        [--bucket-mb 256] [--reps 2] [--gpus] [--path collective|vllm_api]
+        [--bucket-mb 16] [--reps 2] [--gpus] [--path collective|vllm_api]
 
 A random Qwen3 of about 110M parameters (head_dim 64, built offline on the spot) is served by one
 rollout worker (vLLM engine + environments, a Ray actor) and trained by a one-rank FSDP learner
@@ -14,7 +14,8 @@ learner step the new weights go to the worker through the production path,
 * ``collective`` (``rollout.weight_sync=collective``): the first sync forms the learner-to-engines
   group (timed apart as ``form_group_s``); the timed syncs are later ones: plan, per-parameter
   gather, buckets with crc32 trailers broadcast over gloo into the engine's own loader, the
-  greedy probe before and after, the fingerprint check.  ``--path vllm_api``
+  greedy probe after the load (compared with the one taken when the last update landed), the
+  fingerprint check.  ``--path vllm_api``
   (``rollout.weight_sync=vllm_api``) times the same broadcast received through vLLM's own
   weight-transfer API instead (cast_rl's transfer engine; ``path`` in the JSON says which).
 * ``object_store`` (the fallback, measured in the same run for the before/after figure): full
@@ -26,16 +27,17 @@ Then the LoRA paths (``learner.lora``, rank ``--lora-rank`` on every linear laye
 * ``adapter_sync_s``: one update with ``learner.lora.sync=adapter`` through the same production
   call into a fresh rollout worker whose engine serves adapters (``inference.max_lora_rank``): the
   adapter gathered, checksummed, through the object store, checked again and loaded into vLLM
-  as the ``policy`` adapter (probes before and after included, as in ``sync_s``);
+  as the ``policy`` adapter (its probe included, as in ``sync_s``; the second update is timed);
   ``adapter_vs_full_bytes`` is its size against the full weights'.
 * ``engine_memory_two_adapters_vs_two_engines``: the resident memory of one vLLM engine (its
   engine-core process tree) serving the base and two adapters (policy and critic, the paper's
   layout with ``critic.engine=shared_with_policy``) against twice that of an engine serving the
   model alone (a policy engine plus a critic engine of the same size).
 
-``probe_s`` and ``receive_load_s`` split the collective sync as the rollout worker saw it: the two
-greedy generations that check the update changed the model, and the broadcast received, checked
-and loaded into the engine.  Both paths are divided by one in-memory copy of the same bytes (the weights in the dtype they are sent
+``probe_s`` and ``receive_load_s`` split the collective sync as the rollout worker saw it: the
+greedy generation that checks the update changed the model (one per update: the "before" probe is
+the one taken when the served weights landed), and the broadcast received, checked and loaded into
+the engine.  Both paths are divided by one in-memory copy of the same bytes (the weights in the dtype they are sent
 in; best of 5).  The last line of stdout is one JSON object with ``sync_vs_memcpy``, ``sync_s``,
 ``weights_mb`` and ``path`` (the collective path), the object-store figures beside them, and the
 LoRA figures above (``--lora-rank 0`` skips them).
@@ -159,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--intermediate", type=int, default=3072)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    parser.add_argument("--bucket-mb", type=float, default=256.0)
+    parser.add_argument("--bucket-mb", type=float, default=16.0,
+                        help="rollout.weight_sync_bucket_mb (16 MB was fastest over gloo here: docs/benches.md)")
     parser.add_argument("--reps", type=int, default=2, help="timed syncs per path")
     parser.add_argument("--lora-rank", type=int, default=16, help="the LoRA figures' adapter rank (0: skip them)")
     parser.add_argument("--path", default="collective", choices=("collective", "vllm_api"),

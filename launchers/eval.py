@@ -3,9 +3,10 @@
     cast-rl eval configs/quickstart.yaml eval.verification_budgets=[0,1,2] --out runs/quickstart/eval
     python -m launchers.eval configs/quickstart.yaml --out runs/eval   # e.g. under ray job submit
 
-For each domain (``eval.domains``, else ``env.domain``) one :class:`RolloutGroup` starts (one
-vLLM engine per worker) and serves every configuration: the budgets of
-``eval.verification_budgets`` are switched on the live workers between collections.  Every
+One :class:`RolloutGroup` (one vLLM engine per worker) serves every domain (``eval.domains``,
+else ``env.domain``) and every configuration: the live workers are switched from domain to domain
+(:meth:`RolloutGroup.set_domain`) and, within a domain, through the budgets of
+``eval.verification_budgets`` between collections.  Every
 configuration runs the same (split, task, trial) units with the same per-episode sampling seeds,
 so the configurations differ only by the critic.  Writes, under the output directory::
 
@@ -77,8 +78,9 @@ def domain_configs(cfg: CastConfig) -> list[CastConfig]:
 def run_eval(cfg: CastConfig, out_dir: str | Path, group: Any = None) -> dict[str, Any]:
     """Collect every configuration, write trajectories, report, summary and plots; log metrics.
 
-    ``group``: a running :class:`RolloutGroup` to use for a single-domain evaluation (the
-    pipeline passes its own, serving the current policy weights); it is left running.
+    ``group``: a running :class:`RolloutGroup` to use (the pipeline passes its own, serving the
+    current policy weights); it is left running, switched back to the domain it served.  Without
+    one, a group starts for the first domain and is shut down at the end.
     Returns the JSON report (:mod:`cast_rl.eval.report`).
     """
     out_dir = Path(out_dir)
@@ -92,15 +94,25 @@ def run_eval(cfg: CastConfig, out_dir: str | Path, group: Any = None) -> dict[st
         path.write_text("")
     (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))  # cast-rl view finds the data by it
     data_by_domain: dict[str, Any] = {}
-    if group is not None and len(domain_configs(cfg)) > 1:
-        raise ValueError("run_eval(group=...) serves one domain; leave eval.domains empty or pass no group")
-    for domain_cfg in domain_configs(cfg):
-        data = load_env_data(domain_cfg)
-        data_by_domain[domain_cfg.env.domain] = data
-        if group is None:
-            ensure_policy_model(domain_cfg, data)
-            init_ray(domain_cfg, parts=("rollout", "critic") if max(budgets) else ("rollout",))
-        _collect_domain(domain_cfg, data, n, runs, paths, group)
+    owned = group is None
+    home = None if owned else group.cfg  # the domain a given group goes back to
+    try:
+        for domain_cfg in domain_configs(cfg):
+            data = load_env_data(domain_cfg)
+            data_by_domain[domain_cfg.env.domain] = data
+            if owned:
+                ensure_policy_model(domain_cfg, data)
+                init_ray(domain_cfg, parts=("rollout", "critic") if max(budgets) else ("rollout",))
+            if group is None:
+                group = RolloutGroup(domain_cfg)
+            elif group.cfg.env != domain_cfg.env:  # same engines, another domain's environments
+                group.set_domain(domain_cfg)
+            _collect_domain(domain_cfg, data, n, runs, paths, group)
+    finally:
+        if owned and group is not None:
+            group.shutdown()
+    if home is not None and group.cfg.env != home.env:  # (after a failure the caller's stage fails too)
+        group.set_domain(home)
     report = build_report(list(runs.values()), cfg.eval.k_values or None, labeller_judge(data_by_domain),
                           in_domain=cfg.eval.in_domain)
     written = write_report(report, out_dir)
@@ -112,32 +124,26 @@ def run_eval(cfg: CastConfig, out_dir: str | Path, group: Any = None) -> dict[st
 
 
 def _collect_domain(
-    cfg: CastConfig, data: Any, n: int, runs: dict[int, EvalRun], paths: dict[int, Path], group: Any = None
+    cfg: CastConfig, data: Any, n: int, runs: dict[int, EvalRun], paths: dict[int, Path], group: Any
 ) -> None:
-    """Run every configuration on one domain through one rollout group (``group`` if given)."""
+    """Run every configuration on one domain through ``group`` (serving that domain)."""
     splits = (cfg.eval.splits or [cfg.env.split]) + list(unseen_data_dirs(cfg))
     units = [u for s in splits for u in episode_units(replace(cfg, env=replace(cfg.env, split=s)), data, trials=n)]
-    owned = group is None
-    group = group or RolloutGroup(cfg)
-    try:
-        for budget, run in runs.items():
-            group.set_verification_budget(budget)
-            before = group.metrics()
-            with tqdm(total=len(units), desc=f"eval {cfg.env.domain} {run.label}", unit="episode") as bar:
+    for budget, run in runs.items():
+        group.set_verification_budget(budget)
+        before = group.metrics()
+        with tqdm(total=len(units), desc=f"eval {cfg.env.domain} {run.label}", unit="episode") as bar:
 
-                def on_done(traj: Trajectory, path: Path = paths[budget]) -> None:
-                    write_trajectories(path, [traj], append=True)
-                    bar.update(1)
+            def on_done(traj: Trajectory, path: Path = paths[budget]) -> None:
+                write_trajectories(path, [traj], append=True)
+                bar.update(1)
 
-                run.trajectories += group.collect(units, on_done=on_done)
-            # a restarted worker's counters start again from zero: then this undercounts
-            after = group.metrics()
-            counted = {k: max(0, int(after.get(k, 0) - before.get(k, 0))) for k in ("rollout/critiques", "rollout/critic_unparsable")}
-            run.critiques = (run.critiques or 0) + counted["rollout/critiques"]
-            run.unparsable = (run.unparsable or 0) + counted["rollout/critic_unparsable"]
-    finally:
-        if owned:
-            group.shutdown()
+            run.trajectories += group.collect(units, on_done=on_done)
+        # a restarted worker's counters start again from zero: then this undercounts
+        after = group.metrics()
+        counted = {k: max(0, int(after.get(k, 0) - before.get(k, 0))) for k in ("rollout/critiques", "rollout/critic_unparsable")}
+        run.critiques = (run.critiques or 0) + counted["rollout/critiques"]
+        run.unparsable = (run.unparsable or 0) + counted["rollout/critic_unparsable"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,7 +67,7 @@ from cast_rl.rollout.noisy_expert import collect_noisy_demonstrations
 from cast_rl.rollout.teacher import mark_teacher_trajectory
 from cast_rl.rollout.verifiers import build_verifier
 from cast_rl.telemetry import MetricsLogger
-from launchers.eval import domain_configs, run_eval
+from launchers.eval import run_eval
 from launchers.train import train_policy
 
 logger = logging.getLogger(__name__)
@@ -206,17 +206,12 @@ def _evaluate(ctx: PipelineContext, out: Path, stage: str, budgets: list[int] | 
     if budgets is not None:
         cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, verification_budgets=budgets))
     cfg = dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, run_name=f"{ctx.group_name}-{stage}"))
-    if len(domain_configs(cfg)) > 1:
-        # eval.domains: each domain gets a rollout group of its own, serving the current policy
-        # from its checkpoint (every stage that changes the weights saves them there); the shared
-        # group gives its workers' resources back first and restarts when a later stage needs it
-        ctx.release_rollout_group()
-        report = run_eval(cfg, out)
-    else:
-        group = ctx.rollout_group()
-        if critic is not None:
-            group.set_critic(cfg.critic)  # the next stage's rollout_group() switches it back
-        report = run_eval(cfg, out, group=group)
+    # the shared rollout group serves every domain of eval.domains (its workers switch domain and
+    # run_eval switches them back to the training domain at the end), with the current weights
+    group = ctx.rollout_group()
+    if critic is not None:
+        group.set_critic(cfg.critic)  # the next stage's rollout_group() switches it back
+    report = run_eval(cfg, out, group=group)
     return {
         "report": str(out / "report.json"),
         "policy": str(ctx.policy_path),

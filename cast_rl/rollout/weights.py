@@ -58,7 +58,7 @@ async def receive(worker: Any, version: int, meta: WeightMeta) -> tuple[int, str
     if version != meta.version:
         raise WeightSyncError(f"weights version {version} announced with a plan for version {meta.version}")
     t0 = time.perf_counter()
-    before = await worker._probe()
+    before = await worker.probe_served()  # the probe taken when the served weights landed, if any
     t1 = time.perf_counter()
     worker.engine.pause()
     try:
@@ -75,8 +75,7 @@ async def receive(worker: Any, version: int, meta: WeightMeta) -> tuple[int, str
         worker.checksum is None and _same_as_initial(worker, meta, printed)
     ):
         raise WeightSyncError(f"weights version {version} loaded but generation did not change")
-    worker.checksum = printed
-    worker.version = version
+    worker.landed(version, printed, after)
     logger.info("worker %d now serves policy version %d (%s; probes %.2f s, receive and load %.2f s)",
                 worker.worker_index, version, worker.cfg.rollout.weight_sync, worker.last_sync_s["probe_s"],
                 worker.last_sync_s["receive_load_s"])

@@ -1,11 +1,11 @@
-"""A rollout worker: one policy engine, one domain's environments, an optional verifier.
+"""A rollout worker: one policy engine, one domain's environments at a time, an optional verifier.
 
 Plain library object; :mod:`actors.rollout_worker` is its Ray shell.  ``collect`` runs episodes
 concurrently through :class:`~cast_rl.rollout.runner.EpisodeRunner`; ``update_weights`` swaps the
 policy weights in place under a new version, pausing generation while it does so: full weights,
 or, from a learner with ``learner.lora``, the policy's LoRA adapter alone
 (:class:`~cast_rl.inference.adapters.AdapterUpdate`), after which every policy request runs with
-that adapter.
+that adapter; ``set_domain`` moves later episodes to another domain on the same engine.
 """
 
 from __future__ import annotations
@@ -112,6 +112,10 @@ class RolloutWorker:
         """Critic answers and unparsable ones, over every critic this worker consulted."""
         self.runner = EpisodeRunner(cfg, data, self.engine, self._guard(verifier), policy_version=lambda: self.version)
         self._busy_s = 0.0
+        self._served_probe: tuple[str | None, list[float]] | None = None
+        """The greedy probe taken after the last update that landed, with the adapter it ran
+        with: the next update's "before" (only updates change the served weights), so an update
+        generates one probe, not two.  None until an update lands, and again after one fails."""
 
     async def collect(self, units: list[tuple[str, int, int]],
                       tree: tuple[int, str] | None = None) -> list[Trajectory]:
@@ -163,8 +167,7 @@ class RolloutWorker:
         # first update after steps that moved nothing); otherwise the load did not take effect.
         if after == before and not (self.checksum is None and self._same_as_initial(state)):
             raise WeightSyncError(f"weights version {version} loaded but generation did not change")
-        self.checksum = checksum
-        self.version = version
+        self.landed(version, checksum, after)
         logger.info("worker %d now serves policy version %d", self.worker_index, version)
         return version
 
@@ -185,15 +188,14 @@ class RolloutWorker:
         before, after = await self._swap(load)
         if after == before and self.checksum is not None:
             raise WeightSyncError(f"adapter version {version} loaded but generation did not change")
-        self.checksum = checksum
-        self.version = version
+        self.landed(version, checksum, after)
         logger.info("worker %d now serves policy version %d (adapter %r, %.1f MB)", self.worker_index, version,
                     update.name, update.nbytes / 2**20)
         return version
 
     async def _swap(self, load: Callable[[], Awaitable[Any]]) -> tuple[list[float], list[float]]:
         """Run ``load`` with generation paused and drained; the greedy probe before and after."""
-        before = await self._probe()
+        before = await self.probe_served()
         self.engine.pause()
         try:
             await self.engine.drained()
@@ -216,6 +218,21 @@ class RolloutWorker:
                         return False
                     seen += name in state
         return seen > 0
+
+    async def probe_served(self) -> list[float]:
+        """The probe of the weights served now: the one taken when they landed, else a new one.
+
+        Forgets it: until :meth:`landed` records the next one, an update in progress or one
+        that failed leaves the served weights unknown."""
+        cached, self._served_probe = self._served_probe, None
+        if cached is not None and cached[0] == self.engine.adapter:
+            return cached[1]
+        return await self._probe()
+
+    def landed(self, version: int, checksum: str, probe: list[float]) -> None:
+        """Record an update that took effect: its version, checksum and the probe taken after it."""
+        self.version, self.checksum = version, checksum
+        self._served_probe = (self.engine.adapter, probe)
 
     async def _probe(self) -> list[float]:
         """Greedy logprobs of a fixed prompt: they move whenever the served weights move."""
@@ -253,6 +270,36 @@ class RolloutWorker:
             self.cfg = replace(self.cfg, critic=critic)
             self.set_verification_budget(critic.verification_budget)
         return critic_description(critic)
+
+    async def set_domain(self, cfg: CastConfig, data: DomainData) -> str:
+        """Run later episodes in ``cfg.env``'s domain on ``data``, with the same engine.
+
+        An evaluation of several domains (``eval.domains``) switches one worker from domain to
+        domain instead of starting an engine per domain.  Only ``cfg.env`` is read: the policy,
+        its sampling, the critic and the verification budget stay the worker's, as do its weights
+        version, checksum and counters (:meth:`metrics` counts over every domain).  A rule critic
+        checks tool arguments against the domain's tools, so its verifier is closed and built
+        again for ``data`` (when the budget needs one); a model critic does not read the domain
+        and is kept.  Call it between ``collect`` calls: episodes in flight would end in the old
+        domain's runner.  Returns the domain's name.
+        """
+        self.cfg = replace(self.cfg, env=cfg.env)
+        verifier = self.runner.verifier
+        if self.cfg.critic.backend == "rule":
+            self.runner.verifier = None
+            if verifier is not None:
+                await verifier.close()
+            verifier = None
+            if self.cfg.critic.verification_budget > 0:
+                verifier = self._guard(build_verifier(self.cfg, data, self.connect_critic,
+                                                      policy_engine=self.engine.engine))
+        old = self.runner
+        self.runner = EpisodeRunner(self.cfg, data, self.engine, verifier, policy_version=lambda: self.version,
+                                    user_complete=old.user_complete)
+        self.runner.budget = old.budget
+        self.runner.stats = old.stats
+        logger.info("worker %d now runs %s episodes (%s)", self.worker_index, data.domain, cfg.env.data_dir)
+        return data.domain
 
     def _guard(self, verifier: Any) -> Any:
         if verifier is None or isinstance(verifier, GuardedVerifier):

@@ -1,10 +1,10 @@
 """``eval.domains`` inside the pipeline: 01_eval_before and 08_eval_after evaluate every listed
-domain (``configs/paper/`` lists four), each through a rollout group of its own.
+domain (``configs/paper/`` lists four) through the pipeline's one shared rollout group, whose
+workers switch from domain to domain (``RolloutGroup.set_domain``) and back to the training
+domain at the end, instead of a rollout group (a vLLM engine per worker) per domain.
 
-Before, the pipeline handed ``run_eval`` its one shared rollout group, which serves one domain,
-and the paper's configs stopped at their first evaluation with ``run_eval(group=...) serves one
-domain``.  The expert policy plays the gold actions, so no engine starts and every domain's task
-is solved: the check is the plumbing (groups per domain, in/out of domain in the report).
+The expert policy plays the gold actions, so no model engine starts and every domain's task is
+solved: the check is the plumbing (one group for every domain, in/out of domain in the report).
 """
 
 from __future__ import annotations
@@ -19,9 +19,23 @@ from cast_rl.config import load_config
 DOMAINS = ["retail", "airline", "telecom", "telehealth"]
 
 
-@pytest.mark.slow  # eight rollout groups start (four domains, two stages): about a minute
-def test_eval_stages_evaluate_every_listed_domain(ray_local, benchmarks_dir: Path, tmp_path: Path) -> None:  # noqa: ANN001
+@pytest.mark.slow  # one rollout group serves both stages and all four domains
+def test_eval_stages_evaluate_every_listed_domain(ray_local, benchmarks_dir: Path, tmp_path: Path,  # noqa: ANN001
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from actors.rollout_group import RolloutGroup
+    from launchers import eval as eval_launcher
+    from launchers import pipeline
     from launchers.pipeline import run_pipeline
+
+    started: list[str] = []
+
+    class CountedGroup(RolloutGroup):
+        def __init__(self, cfg, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+            started.append(cfg.env.domain)
+            super().__init__(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "RolloutGroup", CountedGroup)
+    monkeypatch.setattr(eval_launcher, "RolloutGroup", CountedGroup)
 
     run = tmp_path / "run"
     cfg = load_config(None, [
@@ -43,3 +57,4 @@ def test_eval_stages_evaluate_every_listed_domain(ray_local, benchmarks_dir: Pat
             d: d == "retail" for d in DOMAINS}
         assert all(g["tasks"] == 2 and g["pass^k"]["pass^1"] == 1.0 for g in groups.values()), groups
     assert set(result["stages"]) == {"eval_before", "eval_after"}
+    assert started == ["retail"]  # one group (one engine per worker) for both stages and every domain
