@@ -33,6 +33,8 @@ from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cast_rl.jsonl import iter_jsonl
+
 CRITIC_NAME = "critic"
 
 
@@ -227,15 +229,7 @@ def write_trajectories(path: str | Path, trajectories: Iterable[Trajectory], app
 def iter_numbered(path: str | Path) -> Iterator[tuple[int, Trajectory]]:
     """(line number, trajectory) of a JSON Lines file; a malformed line raises
     :class:`TrajectoryFormatError` naming the file and the line."""
-    path = Path(path)
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                yield lineno, Trajectory.from_json(json.loads(raw.decode("utf-8")))
-            except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: nested too deep
-                raise TrajectoryFormatError(f"{path}:{lineno}: not a trajectory: {exc}") from None
+    return iter_jsonl(path, Trajectory.from_json, what="a trajectory", error=TrajectoryFormatError)
 
 
 def iter_trajectories(path: str | Path) -> Iterator[Trajectory]:

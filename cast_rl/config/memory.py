@@ -11,8 +11,8 @@ An estimate, not a measurement, per GPU of each actor (GiB = 2**30 bytes):
   ``enforce_eager``, CUDA graphs out of it, so the real cache is somewhat smaller).  One token's
   KV cache is ``2 (K and V) x layers x kv_heads x head_dim x bytes``, the KV heads split over the
   tensor-parallel ranks.  vLLM refuses to start unless one ``max_model_len`` sequence fits.
-  The critic and the teacher are served in their ``model.dtype`` (a trained critic's checkpoint
-  holds the learner's float32 master weights; vLLM casts them).
+  The critic, the teacher and an LLM labeller are served in their ``model.dtype`` (a trained
+  critic's checkpoint holds the learner's float32 master weights; vLLM casts them).
 * **The FSDP learner** (``learner.num_workers`` ranks) holds float32 master weights (it loads the
   model in float32; ``policy.dtype=bfloat16`` only sets the compute dtype), float32 gradients and
   AdamW's two float32 moments, each sharded over the ranks: ``16 x params / ranks`` bytes, plus a
@@ -244,7 +244,7 @@ def plan(cfg: CastConfig, gpu_gib: float = 80.0) -> list[ActorMemory]:
     labeller = cfg.labeller
     if labeller.backend != "rules" and labeller.inference.backend == "vllm":
         rows.append(engine_memory("LLM verifier", 1, labeller.num_gpus, labeller.model, labeller.inference,
-                                  "labeller.model.path", gpu_gib))
+                                  "labeller.model.path", gpu_gib, dtype=labeller.model.dtype))
     rows.append(learner_memory("learner (policy)", cfg, cfg.policy, "policy.path", gpu_gib))
     if critic.backend == "trained":
         base = cfg.policy if cfg.pipeline.critic_base == "warmstart" else critic.model

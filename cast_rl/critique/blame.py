@@ -39,6 +39,7 @@ from cast_rl.critique.rules.base import Ctx
 from cast_rl.critique.rules.confirmation import check_confirmation
 from cast_rl.envs.core import DomainData
 from cast_rl.envs.types import RESPOND, Action, confirmation_text, is_success
+from cast_rl.jsonl import iter_jsonl
 from cast_rl.records import Trajectory
 
 
@@ -195,14 +196,12 @@ def write_blame(path: str | Path, records: list[BlameRecord]) -> None:
 def confirmed_keys(path: str | Path) -> tuple[set[tuple[int, int]], set[tuple[int, int]]]:
     """(checked, confirmed) ``(trajectory_index, message_index)`` keys of a blame file."""
     checked, confirmed = set(), set()
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            obj = json.loads(line)
-            if obj["correction"] is not None:
-                key = (obj["trajectory_index"], obj["message_index"])
-                checked.add(key)
-                if obj["confirmed"]:
-                    confirmed.add(key)
+    for _, obj in iter_jsonl(path, what="a blame record"):
+        if obj["correction"] is not None:
+            key = (obj["trajectory_index"], obj["message_index"])
+            checked.add(key)
+            if obj["confirmed"]:
+                confirmed.add(key)
     return checked, confirmed
 
 

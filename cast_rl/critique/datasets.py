@@ -33,6 +33,7 @@ from cast_rl.critique.context import iter_actions
 from cast_rl.critique.prompt import critic_messages
 from cast_rl.critique.rationale import Rationale, format_critique
 from cast_rl.critique.verifier import VerifyRequest
+from cast_rl.jsonl import iter_jsonl
 from cast_rl.records import Trajectory, read_trajectories
 
 logger = logging.getLogger(__name__)
@@ -46,22 +47,11 @@ class LabelFormatError(ValueError):
 
 def read_labels(path: str | Path) -> list[dict[str, Any]]:
     """The labels of a JSON Lines file; a malformed line raises :class:`LabelFormatError`."""
-    path = Path(path)
-    out = []
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-                _check_label(obj)
-            except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: nested too deep
-                raise LabelFormatError(f"{path}:{lineno}: not a label: {exc}") from None
-            out.append(obj)
-    return out
+    return [obj for _, obj in iter_jsonl(path, _check_label, what="a label", error=LabelFormatError)]
 
 
-def _check_label(obj: Any) -> None:
+def _check_label(obj: Any) -> dict[str, Any]:
+    """``obj`` when it is a label; a ``ValueError`` saying what is wrong otherwise."""
     if not isinstance(obj, dict):
         raise ValueError("a label line must be a JSON object")
     missing = [k for k in LABEL_KEYS if k not in obj]
@@ -76,6 +66,7 @@ def _check_label(obj: Any) -> None:
         raise ValueError(f"verdict must be valid or invalid, got {obj['verdict']!r}")
     if obj["rationale"] is not None and not isinstance(obj["rationale"], dict):
         raise ValueError("rationale must be an object or null")
+    return obj
 
 
 @dataclass

@@ -132,13 +132,14 @@ class LLMVerifier:
     """Labels trajectories of one domain with an LLM behind an engine (module docstring)."""
 
     def __init__(self, engine: Any, data: DomainData, backend: str = "llm", max_prompt_chars: int = 6000,
-                 max_concurrency: int = 32, max_new_tokens: int = 384, temperature: float = 0.0) -> None:
+                 max_concurrency: int = 32, max_new_tokens: int = 384, temperature: float = 0.0,
+                 top_p: float = 1.0) -> None:
         if backend not in ("llm", "hybrid"):
             raise ValueError(f"labeller.backend={backend!r}: the LLM verifier serves llm and hybrid")
         self.engine, self.data, self.backend = engine, data, backend
         self.rule_labeller = Labeller(data) if backend == "hybrid" else None
         self.max_prompt_chars = max_prompt_chars
-        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self._gate = asyncio.Semaphore(max_concurrency)
         self.stats = LabelStats()
         self.counts = VerifierStats()
@@ -197,7 +198,7 @@ class LLMVerifier:
     # ------------------------------------------------------------ the roles
 
     async def _ask(self, role: str, system: str, user: str, schema: dict[str, Any]) -> Any:
-        sampling = Sampling(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+        sampling = Sampling(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
                             logprobs=False, json_schema=schema)
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         async with self._gate:
@@ -412,9 +413,10 @@ async def _all(calls: list[Awaitable[None]]) -> None:
 
 def build_verifier_engine(cfg: LabellerConfig, seed: int = 0) -> Any:
     """The engine of ``labeller.inference.backend`` serving ``labeller.model.path`` (for vllm, a
-    tiny model is built there first when it is missing and ``make_tiny_if_missing`` allows it)."""
+    tiny model is built there first when it is missing and ``make_tiny_if_missing`` allows it),
+    served in ``labeller.model.dtype``."""
     path = str(ensure_model(cfg.model)) if cfg.inference.backend == "vllm" else cfg.model.path
-    return build_engine(path, cfg.inference, seed=seed)
+    return build_engine(path, cfg.inference, seed=seed, dtype=cfg.model.dtype)
 
 
 async def label_trajectories(
@@ -426,7 +428,7 @@ async def label_trajectories(
     own = engine is None
     engine = build_verifier_engine(cfg, seed) if own else engine
     verifier = LLMVerifier(engine, data, cfg.backend, cfg.max_prompt_chars, cfg.max_concurrency,
-                           cfg.inference.max_new_tokens, cfg.inference.temperature)
+                           cfg.inference.max_new_tokens, cfg.inference.temperature, cfg.inference.top_p)
     try:
         labels = await verifier.label(trajectories)
     finally:

@@ -28,6 +28,7 @@ from cast_rl.envs.core import DomainData
 from cast_rl.inference import build_engine
 from cast_rl.inference.base import Sampling
 from cast_rl.models.chat import split_thought
+from cast_rl.models.setup import ensure_model
 from cast_rl.records import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -100,8 +101,12 @@ class Teacher:
 def build_teacher_engine(cfg: TeacherConfig, seed: int = 0) -> Any:
     """The engine of ``teacher.inference.backend``: an OpenAI-compatible endpoint (openai, the
     model named ``teacher.model.path``) or the local model at ``teacher.model.path``, served in
-    ``teacher.model.dtype``."""
-    return build_engine(cfg.model.path, cfg.inference, seed=seed, dtype=cfg.model.dtype)
+    ``teacher.model.dtype`` (with ``teacher.model.make_tiny_if_missing``, a tiny model of
+    ``teacher.model.tiny`` and ``seed`` is built there first when it is missing, as for the
+    user and the labeller: a CPU rehearsal's stand-in teacher)."""
+    local = cfg.inference.backend == "vllm" and cfg.model.make_tiny_if_missing
+    path = str(ensure_model(cfg.model)) if local else cfg.model.path
+    return build_engine(path, cfg.inference, seed=seed, dtype=cfg.model.dtype)
 
 
 async def rewrite_labels(

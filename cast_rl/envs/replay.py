@@ -25,7 +25,6 @@ Semantics, following the source's episode loop:
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 
 from cast_rl.envs.core import DomainData, ToolEnv
 from cast_rl.envs.types import Action
+from cast_rl.jsonl import iter_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -64,16 +64,8 @@ def read_actions_file(
     path: Path, data: DomainData, default_split: str
 ) -> Iterator[tuple[str, int, list[Action]]]:
     """(split, task_index, actions) per line; a malformed line raises :class:`ReplayInputError`."""
-    with path.open() as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                raise ReplayInputError(f"{where}: not valid JSON ({exc})") from None
-            yield _parse_line(obj, where, data, default_split)
+    for number, obj in iter_jsonl(path, what="valid JSON", error=ReplayInputError):
+        yield _parse_line(obj, f"{path}:{number}", data, default_split)
 
 
 def _parse_line(

@@ -21,7 +21,6 @@ Results files for ``cast-rl metrics passk --results R.jsonl`` hold one trial per
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import Any
 # the success rule lives with the rewards (cast_rl.envs.types); pass^k reads it from there
 from cast_rl.envs.types import SUCCESS_TOLERANCE as SUCCESS_TOLERANCE
 from cast_rl.envs.types import is_success as is_success
+from cast_rl.jsonl import iter_jsonl
 
 
 class ResultsFormatError(ValueError):
@@ -130,21 +130,14 @@ def read_results(path: str | Path) -> list[TrialResult]:
     path = Path(path)
     out: list[TrialResult] = []
     first_line: dict[tuple[Hashable, int], int] = {}
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                result = _parse_result(json.loads(raw.decode("utf-8")))
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise ResultsFormatError(f"{path}:{lineno}: not a trial result: {exc}") from None
-            key = (result.task_id, result.trial)
-            if key in first_line:
-                raise ResultsFormatError(
-                    f"{path}:{lineno}: task_id={result.task_id!r} trial={result.trial} repeats line {first_line[key]}"
-                )
-            first_line[key] = lineno
-            out.append(result)
+    for lineno, result in iter_jsonl(path, _parse_result, what="a trial result", error=ResultsFormatError):
+        key = (result.task_id, result.trial)
+        if key in first_line:
+            raise ResultsFormatError(
+                f"{path}:{lineno}: task_id={result.task_id!r} trial={result.trial} repeats line {first_line[key]}"
+            )
+        first_line[key] = lineno
+        out.append(result)
     if not out:
         raise ResultsFormatError(f"{path}: no trial results")
     return out

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from cast_rl.config.schema import ReplayBufferConfig
+from cast_rl.jsonl import iter_jsonl
 from cast_rl.learner.sample import Sample
 from cast_rl.records import Trajectory
 
@@ -100,19 +101,32 @@ class ReplayBuffer:
         self.stats = ReplayStats()
         if self.log_path is None or not self.log_path.exists():
             return
-        records = []
-        with self.log_path.open("rb") as f:
-            for lineno, raw in enumerate(f, start=1):
-                try:
-                    records.append(json.loads(raw))
-                except json.JSONDecodeError:
-                    # Only a torn final line (a crash mid-write) is tolerated.
-                    if f.read().strip():
-                        raise ValueError(f"{self.log_path}:{lineno}: corrupt replay log line") from None
-                    logger.warning("%s:%d: ignoring a torn final line", self.log_path, lineno)
-        self._apply(records)
+        # Only a torn last line (a crash mid-write) is tolerated; a bad line before it raises.
+        self._apply([rec for _, rec in iter_jsonl(self.log_path, what="a replay log line", torn_tail="skip")])
+        self._end_log_with_a_newline()
         logger.info("replay buffer recovered %d samples (cursor %d) from %s",
                     len(self._items), self._seq, self.log_path)
+
+    def _end_log_with_a_newline(self) -> None:
+        """Let the next record start a line of its own: a torn last line (skipped by recovery) is
+        cut off, a whole last record that lost only its newline gets one.  Appended to as it was,
+        the torn fragment would swallow the next record, lost at the next recovery."""
+        assert self.log_path is not None
+        data = self.log_path.read_bytes()
+        if not data or data.endswith(b"\n"):
+            return
+        start = data.rfind(b"\n") + 1
+        try:
+            json.loads(data[start:])
+            whole = True
+        except (ValueError, RecursionError):
+            whole = False
+        with self.log_path.open("r+b") as f:
+            if whole:
+                f.seek(0, 2)
+                f.write(b"\n")
+            else:
+                f.truncate(start)
 
     def _apply(self, records: list[dict[str, Any]]) -> None:
         """Rebuild state from log records (also how :meth:`rewind` works)."""

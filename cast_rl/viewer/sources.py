@@ -16,7 +16,6 @@ read with a default.  A line that is not a JSON object is an error naming the fi
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cast_rl.config.schema import STAGE_DIRS
+from cast_rl.jsonl import iter_jsonl
 
 
 class ViewerInputError(ValueError):
@@ -92,17 +92,10 @@ def discover(root: str | Path) -> list[Source]:
 
 def read_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, JSON object) of a JSON Lines file, blank lines skipped."""
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-            except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-                raise ViewerInputError(f"{path}:{lineno}: not JSON: {exc}") from None
-            if not isinstance(obj, dict):
-                raise ViewerInputError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            yield lineno, obj
+    for lineno, obj in iter_jsonl(path, error=ViewerInputError):
+        if not isinstance(obj, dict):
+            raise ViewerInputError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        yield lineno, obj
 
 
 def read_labels(path: Path | None) -> dict[int, list[dict[str, Any]]]:

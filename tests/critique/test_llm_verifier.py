@@ -247,7 +247,7 @@ def test_verifier_engine_builds_its_tiny_model_when_missing(tmp_path: Path, monk
     from cast_rl.critique import llm_verifier
 
     started: list[str] = []
-    monkeypatch.setattr(llm_verifier, "build_engine", lambda path, cfg, seed=0: started.append(path) or "engine")
+    monkeypatch.setattr(llm_verifier, "build_engine", lambda path, cfg, seed=0, dtype=None: started.append(path) or "engine")
     cfg = LabellerConfig(backend="llm", model=ModelConfig(path=str(tmp_path / "tiny-verifier"), make_tiny_if_missing=True))
     assert llm_verifier.build_verifier_engine(cfg) == "engine"
     assert started == [str(tmp_path / "tiny-verifier")] and (tmp_path / "tiny-verifier" / "config.json").exists()

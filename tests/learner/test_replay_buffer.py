@@ -115,6 +115,24 @@ def test_torn_last_line_is_tolerated(tmp_path: Path) -> None:
     assert len(ReplayBuffer(ReplayBufferConfig(), log)) == 2
 
 
+def test_adds_after_a_torn_last_line_survive_the_next_recovery(tmp_path: Path) -> None:
+    """The torn fragment is cut off at recovery: appended to, it swallowed the next record (lost,
+    as a torn last line, at the next recovery; a bad middle line after one more)."""
+    log = tmp_path / "log.jsonl"
+    ReplayBuffer(ReplayBufferConfig(), log).add([_s("a"), _s("b")])
+    with log.open("a") as f:
+        f.write('{"op": "add", "sam')
+    ReplayBuffer(ReplayBufferConfig(), log).add([_s("c")])
+    again = ReplayBuffer(ReplayBufferConfig(), log)
+    assert len(again) == 3
+    again.add([_s("d")])
+    assert len(ReplayBuffer(ReplayBufferConfig(), log)) == 4
+    # a whole last record that lost only its newline is kept and ended
+    log.write_bytes(log.read_bytes().rstrip(b"\n"))
+    ReplayBuffer(ReplayBufferConfig(), log).add([_s("e")])
+    assert len(ReplayBuffer(ReplayBufferConfig(), log)) == 5
+
+
 def test_rewind_puts_back_what_later_draws_took(tmp_path: Path) -> None:
     log = tmp_path / "log.jsonl"
     buf = ReplayBuffer(ReplayBufferConfig(), log)

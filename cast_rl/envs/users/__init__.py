@@ -53,7 +53,8 @@ def _llm(cfg: UserConfig, complete: Complete | None, seed: int) -> UserSimulator
                 "(cast_rl.envs.users.user_engine), or set user.inference.backend=openai and "
                 "user.inference.base_url"
             )
-        complete = engine_complete(build_engine(cfg.model.path, cfg.inference, seed=seed), cfg.inference)
+        complete = engine_complete(build_engine(cfg.model.path, cfg.inference, seed=seed, dtype=cfg.model.dtype),
+                                   cfg.inference)
     return LLMUser(complete, timeout_s=cfg.timeout_s, trait=Trait(cfg.trait, cfg.trait_level))
 
 
@@ -66,7 +67,8 @@ USER_BUILDERS: dict[str, Callable[[UserConfig, Complete | None, int], UserSimula
 def user_engine(cfg: UserConfig, seed: int = 0) -> tuple[Any, Complete | None]:
     """For ``user.type=llm``: the user model's engine and the ``complete`` that serves
     :class:`LLMUser` from it, otherwise ``(None, None)``.  ``user.inference.backend=vllm`` starts
-    an in-process engine from ``user.model`` (a tiny one first if it is missing and allowed);
+    an in-process engine from ``user.model`` (a tiny one first if it is missing and allowed),
+    served in ``user.model.dtype``;
     ``openai`` opens the endpoint ``user.inference.base_url`` serving ``user.model.path``.
 
     The caller owns the engine and closes it (the rollout worker does, with its policy engine).
@@ -74,7 +76,7 @@ def user_engine(cfg: UserConfig, seed: int = 0) -> tuple[Any, Complete | None]:
     if cfg.type != "llm" or cfg.inference.backend not in ("vllm", "openai"):
         return None, None
     path = str(ensure_model(cfg.model)) if cfg.inference.backend == "vllm" else cfg.model.path
-    engine = build_engine(path, cfg.inference, seed=seed)
+    engine = build_engine(path, cfg.inference, seed=seed, dtype=cfg.model.dtype)
     return engine, engine_complete(engine, cfg.inference)
 
 
