@@ -69,9 +69,9 @@ class RolloutWorkerActor:
         return await weights.receive(self.worker, version, meta)
 
     def last_sync_s(self) -> dict[str, float]:
-        """Seconds the last collective update spent in the two generation probes and in
-        receiving and loading (empty before one)."""
-        return dict(getattr(self.worker, "last_sync_s", {}))
+        """Seconds the last update spent in the generation probe and in receiving and loading
+        (empty before one)."""
+        return dict(self.worker.last_sync_s)
 
     async def greedy_answer(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
         return await weights.greedy_answer(self.worker, prompt_ids, max_new_tokens)

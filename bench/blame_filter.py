@@ -243,8 +243,8 @@ def _train_critic(cfg: Any, train: Path, out: Path) -> Path:
 
     from cast_rl.learner.critique_samples import supervised_from_parquet
     from cast_rl.learner.engine import LearnerEngine
+    from cast_rl.learner.loop import train_supervised
     from cast_rl.telemetry import MetricsLogger
-    from launchers.stages import train_supervised
 
     torch.set_num_threads(max(1, int(cfg.learner.num_cpus_per_worker)))
     samples = supervised_from_parquet(train, AutoTokenizer.from_pretrained(cfg.critic.model.path))

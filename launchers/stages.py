@@ -20,7 +20,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,6 @@ from actors.learner import LearnerGroup
 from actors.teacher_service import rewrite_with_service
 from actors.verifier_service import label_with_service
 from cast_rl.config import to_dict
-from cast_rl.config.schema import ScheduleConfig
 from cast_rl.critique.blame import blame_metrics, confirmed_keys, count_failed, write_blame
 from cast_rl.critique.datasets import build_critic_data, read_requests
 from cast_rl.critique.labeller import label_file, read_for_labelling, write_labels
@@ -52,6 +50,7 @@ from cast_rl.learner.critique_samples import (
     build_samples,
     supervised_from_parquet,
 )
+from cast_rl.learner.loop import train_supervised
 from cast_rl.learner.sample import Sample
 from cast_rl.learner.schedule import phase_steps
 from cast_rl.models.setup import ensure_model, training_corpus
@@ -88,32 +87,6 @@ def _supervised(trajs: list[Trajectory], tag: str, every_token: bool = False) ->
                logprobs=[0.0] * len(t.token_ids), reward=t.reward, group=tag)
         for t in trajs if any(t.loss_mask)
     ]
-
-
-def train_supervised(
-    learner: Any, samples: list[Sample], steps: int, batch_size: int, log: MetricsLogger, tag: str, seed: int,
-    schedule: ScheduleConfig | None = None, lr: float | None = None,
-) -> list[float]:
-    """``steps`` optimizer steps over shuffled passes of ``samples``; returns the losses.  With
-    ``schedule``, the learning rate follows it over the ``steps``, peaking at ``lr``; without, it
-    stays as the learner has it."""
-    if not samples:
-        raise ValueError(f"{tag}: no supervised samples to train on")
-    if schedule is not None:
-        if lr is None:
-            raise ValueError(f"{tag}: a schedule needs the learning rate it peaks at (lr)")
-        learner.set_schedule(schedule, lr, steps)
-    rng, order, losses = random.Random(seed), [], []
-    for step in range(steps):
-        if len(order) < batch_size:
-            order += rng.sample(samples, len(samples))
-        batch, order = order[:batch_size], order[batch_size:]
-        out = learner.train_step(batch)
-        losses.append(out["supervised_loss"])
-        log.log({f"train/{tag}_loss": out["supervised_loss"], f"train/{tag}_grad_norm": out["grad_norm"],
-                 f"train/{tag}_tokens_per_s": out["tokens_per_s"], f"train/{tag}_lr": out["lr"],
-                 **{f"train/{tag}_{k}": out[k] for k in ("verdict_loss", "explanation_loss") if k in out}}, step=step)
-    return losses
 
 
 def _learner(ctx: PipelineContext, lr: float, model_path: Path | None = None) -> Any:

@@ -30,9 +30,11 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
 logger = logging.getLogger(__name__)
 
@@ -240,6 +242,17 @@ def state_fingerprint(meta: WeightMeta, state: Mapping[str, torch.Tensor]) -> st
         buf = pack_bucket(bucket, (state[e[0]] for e in bucket.entries), torch.device("cpu"), meta.checksum_kind)
         sums.append(int(buf[bucket.nbytes :].view(torch.int64)[0]))
     return fingerprint(sums)
+
+
+def checkpoint_tensors(model_path: str | Path, names: Iterable[str]) -> dict[str, torch.Tensor] | None:
+    """The tensors ``names`` of the safetensors checkpoint in ``model_path`` (what an engine
+    started from), or None if any is missing: checks that a first update equals that checkpoint."""
+    wanted, found = set(names), {}
+    for path in sorted(Path(model_path).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for name in wanted.intersection(f.keys()):
+                found[name] = f.get_tensor(name)
+    return found if wanted and wanted <= found.keys() else None
 
 
 def weight_sync_group(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 import statistics
 import threading
 import time
@@ -385,3 +386,31 @@ class TrainLoop:
             producer.join()
         if failure:
             raise failure[0]
+
+
+def train_supervised(
+    learner: Any, samples: list[Sample], steps: int, batch_size: int, log: MetricsLogger, tag: str, seed: int,
+    schedule: ScheduleConfig | None = None, lr: float | None = None,
+) -> list[float]:
+    """The one supervised loop (the pipeline's warm-start, critique-aware SFT, the RFT arm and
+    the critic's training; the benches that train a critic): ``steps`` optimizer steps of
+    ``batch_size`` over shuffled passes of ``samples``; returns the losses.  With
+    ``schedule``, the learning rate follows it over the ``steps``, peaking at ``lr``; without, it
+    stays as the learner has it."""
+    if not samples:
+        raise ValueError(f"{tag}: no supervised samples to train on")
+    if schedule is not None:
+        if lr is None:
+            raise ValueError(f"{tag}: a schedule needs the learning rate it peaks at (lr)")
+        learner.set_schedule(schedule, lr, steps)
+    rng, order, losses = random.Random(seed), [], []
+    for step in range(steps):
+        if len(order) < batch_size:
+            order += rng.sample(samples, len(samples))
+        batch, order = order[:batch_size], order[batch_size:]
+        out = learner.train_step(batch)
+        losses.append(out["supervised_loss"])
+        log.log({f"train/{tag}_loss": out["supervised_loss"], f"train/{tag}_grad_norm": out["grad_norm"],
+                 f"train/{tag}_tokens_per_s": out["tokens_per_s"], f"train/{tag}_lr": out["lr"],
+                 **{f"train/{tag}_{k}": out[k] for k in ("verdict_loss", "explanation_loss") if k in out}}, step=step)
+    return losses

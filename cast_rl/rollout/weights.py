@@ -15,15 +15,15 @@ learner's end and these guarantees are the same.
 
 from __future__ import annotations
 
-import logging
-import time
-from pathlib import Path
 from typing import Any
 
 from cast_rl.inference.base import Sampling
-from cast_rl.inference.weight_sync import WeightMeta, WeightSyncError, state_fingerprint
-
-logger = logging.getLogger(__name__)
+from cast_rl.inference.weight_sync import (
+    WeightMeta,
+    WeightSyncError,
+    checkpoint_tensors,
+    state_fingerprint,
+)
 
 
 async def join(worker: Any, addr: str, port: int, rank_offset: int, world_size: int, backend: str,
@@ -57,28 +57,14 @@ async def receive(worker: Any, version: int, meta: WeightMeta) -> tuple[int, str
     """
     if version != meta.version:
         raise WeightSyncError(f"weights version {version} announced with a plan for version {meta.version}")
-    t0 = time.perf_counter()
-    before = await worker.probe_served()  # the probe taken when the served weights landed, if any
-    t1 = time.perf_counter()
-    worker.engine.pause()
-    try:
-        await worker.engine.drained()
-        engine = worker.engine.engine
-        receive = engine.transfer_weights if _native(worker) else engine.receive_weights
-        printed = await receive(meta, newer_than=worker.version)
-    finally:
-        worker.engine.resume()
-    t2 = time.perf_counter()
-    after = await worker._probe()
-    worker.last_sync_s = {"probe_s": t1 - t0 + time.perf_counter() - t2, "receive_load_s": t2 - t1}
-    if after == before and printed != worker.checksum and not (
-        worker.checksum is None and _same_as_initial(worker, meta, printed)
-    ):
-        raise WeightSyncError(f"weights version {version} loaded but generation did not change")
-    worker.landed(version, printed, after)
-    logger.info("worker %d now serves policy version %d (%s; probes %.2f s, receive and load %.2f s)",
-                worker.worker_index, version, worker.cfg.rollout.weight_sync, worker.last_sync_s["probe_s"],
-                worker.last_sync_s["receive_load_s"])
+    engine = worker.engine.engine
+    receive = engine.transfer_weights if _native(worker) else engine.receive_weights
+
+    def same_as_initial(printed: str) -> bool:
+        disk = checkpoint_tensors(engine.model_path, meta.names)
+        return disk is not None and state_fingerprint(meta, disk) == printed
+
+    printed = await worker.swap(version, lambda: receive(meta, newer_than=worker.version), same_as_initial)
     return version, printed
 
 
@@ -87,15 +73,3 @@ async def greedy_answer(worker: Any, prompt_ids: list[int], max_new_tokens: int)
     out = await worker.engine.generate(prompt_ids, Sampling(max_new_tokens=max_new_tokens, temperature=0.0,
                                                             logprobs=False))
     return list(out.token_ids)
-
-
-def _same_as_initial(worker: Any, meta: WeightMeta, printed: str) -> bool:
-    """Whether the update equals the checkpoint on disk the engine started from."""
-    from safetensors.torch import load_file
-
-    state: dict[str, Any] = {}
-    for path in sorted(Path(worker.engine.engine.model_path).glob("*.safetensors")):
-        state.update(load_file(str(path)))
-    if any(name not in state for name in meta.names):
-        return False
-    return state_fingerprint(meta, state) == printed

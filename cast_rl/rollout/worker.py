@@ -16,8 +16,9 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
+
+import torch
 
 from cast_rl.config.schema import CastConfig, CriticConfig
 from cast_rl.critique.blame import BlameRecord, verify_blame
@@ -26,7 +27,7 @@ from cast_rl.critique.verifier import GuardedVerifier
 from cast_rl.envs.core import DomainData
 from cast_rl.inference.adapters import AdapterUpdate
 from cast_rl.inference.base import Completion, InferenceEngine, Sampling
-from cast_rl.inference.weight_sync import WeightSyncError, state_checksum
+from cast_rl.inference.weight_sync import WeightSyncError, checkpoint_tensors, state_checksum
 from cast_rl.models.chat import check_appends_only
 from cast_rl.records import Trajectory
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
@@ -112,6 +113,9 @@ class RolloutWorker:
         """Critic answers and unparsable ones, over every critic this worker consulted."""
         self.runner = EpisodeRunner(cfg, data, self.engine, self._guard(verifier), policy_version=lambda: self.version)
         self._busy_s = 0.0
+        self.last_sync_s: dict[str, float] = {}
+        """Seconds the last update spent in the greedy probe and in receiving and loading (empty
+        before one)."""
         self._served_probe: tuple[str | None, list[float]] | None = None
         """The greedy probe taken after the last update that landed, with the adapter it ran
         with: the next update's "before" (only updates change the served weights), so an update
@@ -162,13 +166,16 @@ class RolloutWorker:
         if checksum == self.checksum:  # the learner's weights did not move: nothing to load
             self.version = version
             return version
-        before, after = await self._swap(lambda: self.engine.engine.load_weights(state))  # type: ignore[attr-defined]
-        # Unchanged generation is only right when the weights equal those already served (a
-        # first update after steps that moved nothing); otherwise the load did not take effect.
-        if after == before and not (self.checksum is None and self._same_as_initial(state)):
-            raise WeightSyncError(f"weights version {version} loaded but generation did not change")
-        self.landed(version, checksum, after)
-        logger.info("worker %d now serves policy version %d", self.worker_index, version)
+
+        async def load() -> str:
+            await self.engine.engine.load_weights(state)  # type: ignore[attr-defined]
+            return checksum
+
+        def same_as_initial(_: str) -> bool:
+            disk = checkpoint_tensors(self.engine.engine.model_path, state)  # type: ignore[attr-defined]
+            return disk is not None and all(torch.equal(disk[n], t.to("cpu")) for n, t in state.items())
+
+        await self.swap(version, load, same_as_initial)
         return version
 
     async def _update_adapter(self, version: int, update: AdapterUpdate, checksum: str) -> int:
@@ -181,43 +188,46 @@ class RolloutWorker:
         if checksum == self.checksum:
             self.version = version
             return version
-        async def load() -> None:
+
+        async def load() -> str:
             await self.engine.engine.load_adapter(replace(update, version=version))  # type: ignore[attr-defined]
             self.engine.adapter = update.name
+            return checksum
 
-        before, after = await self._swap(load)
-        if after == before and self.checksum is not None:
-            raise WeightSyncError(f"adapter version {version} loaded but generation did not change")
-        self.landed(version, checksum, after)
-        logger.info("worker %d now serves policy version %d (adapter %r, %.1f MB)", self.worker_index, version,
-                    update.name, update.nbytes / 2**20)
+        # the first adapter may leave the answer as it was: peft starts every B at zero
+        await self.swap(version, load, same_as_initial=lambda _: True)
+        logger.info("worker %d: policy version %d is adapter %r (%.1f MB)", self.worker_index, version, update.name,
+                    update.nbytes / 2**20)
         return version
 
-    async def _swap(self, load: Callable[[], Awaitable[Any]]) -> tuple[list[float], list[float]]:
-        """Run ``load`` with generation paused and drained; the greedy probe before and after."""
+    async def swap(self, version: int, load: Callable[[], Awaitable[str]],
+                   same_as_initial: Callable[[str], bool]) -> str:
+        """The one weight swap of every update path (object store, adapter, collective, vLLM's
+        transfer API): ``load`` runs with generation paused and drained and returns the checksum
+        of what it loaded, and the greedy probe must then have moved.  Unchanged generation is
+        right only when the weights equal those served before: the same checksum, or on the first
+        update ``same_as_initial(checksum)`` (equal to the checkpoint the engine started from);
+        anything else means the load did not take effect, and it raises.  Records the version,
+        the checksum and :attr:`last_sync_s`; returns the checksum."""
+        t0 = time.perf_counter()
         before = await self.probe_served()
+        t1 = time.perf_counter()
         self.engine.pause()
         try:
             await self.engine.drained()
-            await load()
+            checksum = await load()
         finally:
             self.engine.resume()
-        return before, await self._probe()
-
-    def _same_as_initial(self, state: dict[str, Any]) -> bool:
-        """Whether ``state`` equals the weights on disk the engine started from."""
-        import torch
-        from safetensors import safe_open
-
-        files = sorted(Path(self.engine.engine.model_path).glob("*.safetensors"))  # type: ignore[attr-defined]
-        seen = 0
-        for path in files:
-            with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                    if name in state and not torch.equal(f.get_tensor(name), state[name].to("cpu")):
-                        return False
-                    seen += name in state
-        return seen > 0
+        t2 = time.perf_counter()
+        after = await self._probe()
+        self.last_sync_s = {"probe_s": t1 - t0 + time.perf_counter() - t2, "receive_load_s": t2 - t1}
+        if after == before and checksum != self.checksum and not (self.checksum is None and same_as_initial(checksum)):
+            raise WeightSyncError(f"weights version {version} loaded but generation did not change")
+        self.landed(version, checksum, after)
+        logger.info("worker %d now serves policy version %d (%s; probe %.2f s, load %.2f s)", self.worker_index,
+                    version, self.cfg.rollout.weight_sync, self.last_sync_s["probe_s"],
+                    self.last_sync_s["receive_load_s"])
+        return checksum
 
     async def probe_served(self) -> list[float]:
         """The probe of the weights served now: the one taken when they landed, else a new one.

@@ -116,7 +116,7 @@ class _RecordingLearner:
 
 
 def test_train_supervised_sets_the_phase_schedule_and_epochs_see_each_sample_that_often(tmp_path: Path) -> None:
-    from launchers.stages import train_supervised
+    from cast_rl.learner.loop import train_supervised
 
     samples = [Sample(f"k{i}", "supervised", [1, 2, 3], [0, 1, 1], [0.0] * 3) for i in range(12)]
     learner = _RecordingLearner()

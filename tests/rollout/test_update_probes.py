@@ -1,5 +1,7 @@
 """A weight update generates one greedy probe, not two: the probe taken when the served weights
-landed is the next update's "before".
+landed is the next update's "before"; and every update path (object store, collective) goes
+through the one swap (:meth:`cast_rl.rollout.worker.RolloutWorker.swap`), which accepts an
+unchanged answer only for weights equal to those served before.
 
 The rollout worker checks that an update took effect by comparing a greedy probe before and
 after the load (:meth:`cast_rl.rollout.worker.RolloutWorker._swap`).  The weights served between
@@ -23,7 +25,13 @@ import torch
 from cast_rl.config import load_config
 from cast_rl.envs.core import load_domain_data
 from cast_rl.inference.base import Completion, Sampling
-from cast_rl.inference.weight_sync import WeightSyncError, state_checksum
+from cast_rl.inference.weight_sync import (
+    WeightMeta,
+    WeightSyncError,
+    state_checksum,
+    state_fingerprint,
+)
+from cast_rl.rollout import weights
 from cast_rl.rollout.worker import RolloutWorker
 
 
@@ -36,6 +44,7 @@ class CountingEngine:
         self.w = 0.0
         self.generations = 0
         self.drop_loads = False
+        self.broadcast = 0.0
         self.model_path = "/nonexistent"  # no checkpoint on disk: never "equal to the initial weights"
 
     async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
@@ -45,6 +54,12 @@ class CountingEngine:
     async def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         if not self.drop_loads:
             self.w = float(state["w"].item())
+
+    async def receive_weights(self, meta: WeightMeta, newer_than: int = 0) -> str:
+        """The collective path's end in the engine: loads :attr:`broadcast` (what the learner sent)."""
+        state = _state(self.broadcast)
+        await self.load_weights(state)
+        return state_fingerprint(meta, state)
 
 
 def _state(w: float) -> dict[str, torch.Tensor]:
@@ -92,3 +107,58 @@ def test_a_failed_update_forgets_the_probe(worker) -> None:  # noqa: ANN001
     engine.drop_loads = False
     before = engine.generations
     assert _update(w, 3, 3.0) == 3 and engine.generations == before + 2
+
+
+def _checkpoint(engine: CountingEngine, tmp_path: Path, w: float) -> None:
+    """The engine started from a checkpoint on disk holding ``w``."""
+    from safetensors.torch import save_file
+
+    save_file(_state(w), str(tmp_path / "model.safetensors"))
+    engine.model_path = str(tmp_path)
+
+
+@pytest.mark.parametrize("on_disk", [0.0, 5.0])
+def test_a_first_update_equal_to_the_checkpoint_may_leave_the_answer(worker, tmp_path: Path, on_disk: float) -> None:  # noqa: ANN001
+    """The learner's first weights after steps that moved nothing equal the checkpoint the engine
+    started from: the answer stays, and that is accepted; with another checkpoint it is refused."""
+    w, engine = worker
+    _checkpoint(engine, tmp_path, on_disk)
+    if on_disk == 0.0:
+        assert _update(w, 1, 0.0) == 1 and w.checksum == state_checksum(_state(0.0))
+    else:
+        with pytest.raises(WeightSyncError, match="did not change"):
+            _update(w, 1, 0.0)
+
+
+def _receive(worker: RolloutWorker, engine: CountingEngine, version: int, w: float,
+             planned: int | None = None) -> tuple[int, str]:
+    """One broadcast of ``w`` announced as ``version`` with a plan for ``planned`` (default: the same)."""
+    engine.broadcast = w
+    meta = WeightMeta.plan(planned or version, [("w", torch.float32, (1,))], bucket_bytes=1 << 20)
+    return asyncio.run(weights.receive(worker, version, meta))
+
+
+def test_the_collective_path_goes_through_the_same_swap(worker, tmp_path: Path) -> None:  # noqa: ANN001
+    """weights.receive: versions, the fingerprint, one probe per update and the checks of the swap."""
+    w, engine = worker
+    with pytest.raises(WeightSyncError, match="plan for version 2"):
+        _receive(w, engine, 1, 1.0, planned=2)
+    version, printed = _receive(w, engine, 1, 1.0)
+    assert (version, w.version, w.checksum) == (1, 1, printed) and engine.generations == 2
+    assert _receive(w, engine, 2, 2.0)[0] == 2 and engine.generations == 3
+    assert set(w.last_sync_s) == {"probe_s", "receive_load_s"}
+    engine.drop_loads = True
+    with pytest.raises(WeightSyncError, match="did not change"):
+        _receive(w, engine, 3, 3.0)
+    assert w.version == 2
+
+
+@pytest.mark.parametrize("on_disk", [0.0, 5.0])
+def test_a_first_broadcast_equal_to_the_checkpoint_may_leave_the_answer(worker, tmp_path: Path, on_disk: float) -> None:  # noqa: ANN001
+    w, engine = worker
+    _checkpoint(engine, tmp_path, on_disk)
+    if on_disk == 0.0:
+        assert _receive(w, engine, 1, 0.0)[0] == 1
+    else:
+        with pytest.raises(WeightSyncError, match="did not change"):
+            _receive(w, engine, 1, 0.0)
