@@ -244,15 +244,15 @@ def state_fingerprint(meta: WeightMeta, state: Mapping[str, torch.Tensor]) -> st
     return fingerprint(sums)
 
 
-def checkpoint_tensors(model_path: str | Path, names: Iterable[str]) -> dict[str, torch.Tensor] | None:
-    """The tensors ``names`` of the safetensors checkpoint in ``model_path`` (what an engine
-    started from), or None if any is missing: checks that a first update equals that checkpoint."""
+def checkpoint_tensors(model_path: str | Path, names: Iterable[str]) -> dict[str, torch.Tensor]:
+    """Those of the tensors ``names`` that the safetensors checkpoint in ``model_path`` (what an
+    engine started from) holds: checks that a first update equals that checkpoint."""
     wanted, found = set(names), {}
     for path in sorted(Path(model_path).glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:
             for name in wanted.intersection(f.keys()):
                 found[name] = f.get_tensor(name)
-    return found if wanted and wanted <= found.keys() else None
+    return found
 
 
 def weight_sync_group(

@@ -61,8 +61,8 @@ async def receive(worker: Any, version: int, meta: WeightMeta) -> tuple[int, str
     receive = engine.transfer_weights if _native(worker) else engine.receive_weights
 
     def same_as_initial(printed: str) -> bool:
-        disk = checkpoint_tensors(engine.model_path, meta.names)
-        return disk is not None and state_fingerprint(meta, disk) == printed
+        disk = checkpoint_tensors(engine.model_path, meta.names)  # the fingerprint needs every name
+        return disk.keys() == set(meta.names) and state_fingerprint(meta, disk) == printed
 
     printed = await worker.swap(version, lambda: receive(meta, newer_than=worker.version), same_as_initial)
     return version, printed

@@ -172,8 +172,9 @@ class RolloutWorker:
             return checksum
 
         def same_as_initial(_: str) -> bool:
+            # names the checkpoint does not hold (e.g. a tied output layer) are not compared
             disk = checkpoint_tensors(self.engine.engine.model_path, state)  # type: ignore[attr-defined]
-            return disk is not None and all(torch.equal(disk[n], t.to("cpu")) for n, t in state.items())
+            return bool(disk) and all(torch.equal(t, state[n].to("cpu")) for n, t in disk.items())
 
         await self.swap(version, load, same_as_initial)
         return version

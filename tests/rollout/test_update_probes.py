@@ -162,3 +162,12 @@ def test_a_first_broadcast_equal_to_the_checkpoint_may_leave_the_answer(worker, 
     else:
         with pytest.raises(WeightSyncError, match="did not change"):
             _receive(w, engine, 1, 0.0)
+
+
+def test_a_name_the_checkpoint_does_not_hold_is_not_compared(worker, tmp_path: Path) -> None:  # noqa: ANN001
+    """A tensor the learner sends that the checkpoint does not store (a tied output layer) does not
+    stop a first update equal to the checkpoint from being accepted."""
+    w, engine = worker
+    _checkpoint(engine, tmp_path, 0.0)
+    state = {**_state(0.0), "lm_head.weight": torch.ones(2)}
+    assert asyncio.run(w.update_weights(1, state, state_checksum(state))) == 1
