@@ -2,6 +2,10 @@
 
 The actor is threaded (``max_concurrency``): a learner blocked in ``sample`` (waiting for fresh
 samples) or a producer blocked in ``admit`` does not stop rollout workers from adding.
+
+The actor imports no torch and none of the learner (``tests/learner/test_replay_buffer.py``
+checks): samples, their sharding and batch metrics come from the torch-free
+:mod:`cast_rl.samples`.
 """
 
 from __future__ import annotations
@@ -12,11 +16,9 @@ from typing import Any
 import ray
 
 from cast_rl.config.schema import ReplayBufferConfig
-from cast_rl.learner.batch import shard
-from cast_rl.learner.loop import batch_metrics
-from cast_rl.learner.sample import Sample
 from cast_rl.records import Trajectory
 from cast_rl.replay.buffer import AddResult, ReplayBuffer
+from cast_rl.samples import Sample, batch_metrics, shard
 
 
 @ray.remote(num_cpus=0, max_concurrency=16)  # type: ignore[call-overload]
@@ -28,6 +30,12 @@ class ReplayBufferActor:
 
     def add(self, samples: list[Sample], trajectories: list[Trajectory] | None = None) -> AddResult:
         return self.buffer.add(samples, trajectories)
+
+    def add_chunks(self, samples: list[Sample], *chunks: list[Trajectory]) -> AddResult:
+        """``add``, the trajectories given as the rollout workers' chunk results, in order: each
+        argument an object reference Ray resolves here, from the store the result lies in (the
+        driver does not send them again)."""
+        return self.buffer.add(samples, [t for chunk in chunks for t in chunk])
 
     def admit(self, policy_version: int, n: int, timeout_s: float | None = None) -> bool:
         return self.buffer.admit(policy_version, n, timeout_s)
@@ -68,7 +76,12 @@ class ReplayBufferClient:
         self.handle = actor.options(**options).remote(cfg, str(log_path) if log_path else None, batch_size)
 
     def add(self, samples: list[Sample], trajectories: list[Trajectory] | None = None) -> AddResult:
-        return ray.get(self.handle.add.remote(samples, trajectories))
+        """A rollout group's collection (``chunk_refs``: :class:`actors.rollout_group.Collected`)
+        reaches the actor as the workers' results, by reference; other trajectories by value."""
+        if refs := getattr(trajectories, "chunk_refs", None):
+            return ray.get(self.handle.add_chunks.remote(samples, *refs))
+        plain = None if trajectories is None else list(trajectories)  # a plain list: no driver class
+        return ray.get(self.handle.add.remote(samples, plain))
 
     def admit(self, policy_version: int, n: int, timeout_s: float | None = None) -> bool:
         return ray.get(self.handle.admit.remote(policy_version, n, timeout_s))

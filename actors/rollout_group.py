@@ -25,12 +25,22 @@ from cast_rl.critique.blame import BlameRecord
 from cast_rl.envs.types import is_success
 from cast_rl.eval.net_benefit import BenefitReport
 from cast_rl.records import Trajectory
+from cast_rl.rollout.collector import Tree, Unit
 from cast_rl.rollout.worker import merge_worker_metrics
 
 logger = logging.getLogger(__name__)
 
-Unit = tuple[str, int, int]
 _WORKER_FAILURES = (RayActorError, ActorDiedError, ActorUnavailableError)
+
+
+class Collected(list[Trajectory]):
+    """What :meth:`RolloutGroup.collect` returns: the trajectories, in unit order, and
+    ``chunk_refs``, the object references of the worker results they came in, in chunk order
+    (their concatenation is this list).  A Ray consumer given the list (the replay buffer's
+    client) can pass the references on, so the trajectories travel from the workers' object
+    stores to it directly instead of being serialized again by the driver."""
+
+    chunk_refs: list[Any]
 
 
 def default_chunk_size(units: int, workers: int, episodes_in_flight: int) -> int:
@@ -71,38 +81,45 @@ class RolloutGroup:
     def collect(
         self,
         units: list[Unit],
+        tree: Tree | None = None,
+        *,
         on_done: Callable[[Trajectory], None] | None = None,
         chunk_size: int | None = None,
-        tree: tuple[int, str] | None = None,
     ) -> list[Trajectory]:
         """One trajectory per unit (in the order given), whatever crashes happen on the way;
-        with ``tree = (branches, points)``, each unit's tree rollout (root, then continuations)."""
+        with ``tree = (branches, points)``, each unit's tree rollout (root, then continuations).
+
+        The :class:`~cast_rl.rollout.collector.Collector` protocol, plus two keyword-only
+        options: ``on_done`` sees each trajectory as its chunk returns (the pipeline streams them
+        to disk), ``chunk_size`` overrides ``rollout.chunk_size``."""
         if len(set(units)) != len(units):
             raise ValueError("collect() got duplicate (split, task_index, trial) units")
         size = chunk_size or self.cfg.rollout.chunk_size or default_chunk_size(
             len(units), len(self.workers), self.cfg.rollout.episodes_in_flight
         )
-        queue: deque[list[Unit]] = deque(units[i : i + size] for i in range(0, len(units), size))
+        queue: deque[tuple[int, list[Unit]]] = deque(enumerate(units[i : i + size] for i in range(0, len(units), size)))
         done: dict[Unit, list[Trajectory]] = {}
-        running: dict[Any, tuple[int, list[Unit]]] = {}
+        results: dict[int, tuple[Any, list[Trajectory]]] = {}  # chunk index -> (its result's reference, value)
+        running: dict[Any, tuple[int, int, list[Unit]]] = {}
         idle = list(range(len(self.workers)))
         while queue or running:
             while queue and idle:
                 w = idle.pop(0)
-                chunk = queue.popleft()
-                running[self.workers[w].collect.remote(chunk, tree)] = (w, chunk)
+                c, chunk = queue.popleft()
+                running[self.workers[w].collect.remote(chunk, tree)] = (w, c, chunk)
             ready, _ = ray.wait(list(running), num_returns=1)
             ref = ready[0]
-            w, chunk = running.pop(ref)
+            w, c, chunk = running.pop(ref)
             try:
                 trajectories = ray.get(ref)
             except _WORKER_FAILURES as exc:
                 logger.warning("rollout worker %d failed (%s); requeueing %d episodes", w, type(exc).__name__, len(chunk))
                 self.resubmitted_chunks += 1
-                queue.appendleft(chunk)
+                queue.appendleft((c, chunk))
                 self._wait_alive(w)
                 idle.append(w)
                 continue
+            results[c] = (ref, trajectories)
             for traj in trajectories:
                 unit = (traj.split, traj.task_index, traj.trial)
                 if unit in done and "point" not in traj.info.get("tree", {}):
@@ -114,7 +131,12 @@ class RolloutGroup:
             idle.append(w)
         missing = [u for u in units if u not in done]
         assert not missing, f"lost units {missing[:5]}"
-        return [t for u in units for t in done[u]]
+        out = Collected(t for u in units for t in done[u])
+        in_chunks = [t for c in sorted(results) for t in results[c][1]]
+        # the chunks' results, concatenated, are the answer (workers return their units in order)
+        identical = len(in_chunks) == len(out) and all(a is b for a, b in zip(in_chunks, out))
+        out.chunk_refs = [results[c][0] for c in sorted(results)] if identical else []
+        return out
 
     def _wait_alive(self, w: int) -> None:
         """Block until the restarted actor answers (its engine reloads), or give up loudly
@@ -158,13 +180,14 @@ class RolloutGroup:
         budgets compare like with like.  Its largest budget must have been set (the verifier)."""
         return ray.get(self.workers[0].benefit.remote(cfg, tasks, split))
 
-    def update_weights(self, version: int, state_ref: Any, checksum: str) -> list[int]:
-        """Every worker loads the published weights (one object-store put, many readers), or,
-        given a broadcast ticket (``rollout.weight_sync=collective``), receives them from the
-        learner over the weight-sync group."""
-        if hasattr(state_ref, "deliver"):
-            return state_ref.deliver(self.workers, self.cfg.inference.tensor_parallel_size)
-        return ray.get([w.update_weights.remote(version, state_ref, checksum) for w in self.workers])
+    def update_weights(self, version: int, weights: Any, checksum: str) -> list[int]:
+        """Every worker loads the published weights (``weights``: an object reference, one
+        object-store put, many readers), or, given a broadcast ticket
+        (``rollout.weight_sync=collective``), receives them from the learner over the
+        weight-sync group."""
+        if hasattr(weights, "deliver"):
+            return weights.deliver(self.workers, self.cfg.inference.tensor_parallel_size)
+        return ray.get([w.update_weights.remote(version, weights, checksum) for w in self.workers])
 
     def set_verification_budget(self, budget: int) -> None:
         """Every worker runs later episodes with this many critique-revise rounds (0: no critic).

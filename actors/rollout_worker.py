@@ -19,6 +19,7 @@ from cast_rl.eval.net_benefit import BenefitReport, measure_benefit
 from cast_rl.inference import build_engine
 from cast_rl.records import Trajectory
 from cast_rl.rollout import weights
+from cast_rl.rollout.collector import Tree, Unit
 from cast_rl.rollout.teacher import build_teacher_policy
 from cast_rl.rollout.verifiers import build_verifier
 from cast_rl.rollout.worker import RolloutWorker
@@ -42,7 +43,7 @@ class RolloutWorkerActor:
     def ready(self) -> bool:
         return True
 
-    async def collect(self, units: list[tuple[str, int, int]], tree: tuple[int, str] | None = None) -> list[Trajectory]:
+    async def collect(self, units: list[Unit], tree: Tree | None = None) -> list[Trajectory]:
         return await self.worker.collect(units, tree)
 
     async def blame(self, trajectories: dict[int, Trajectory], labels: list[dict[str, Any]], k: int,
@@ -55,8 +56,8 @@ class RolloutWorkerActor:
         return await measure_benefit(cfg, w.runner.data, tasks, lambda _spec: w.engine, w.runner.verifier,
                                      w.engine.tokenizer, split=split, user_complete=w.runner.user_complete)
 
-    async def update_weights(self, version: int, state: dict[str, Any], checksum: str) -> int:
-        return await self.worker.update_weights(version, state, checksum)
+    async def update_weights(self, version: int, weights: Any, checksum: str) -> int:
+        return await self.worker.update_weights(version, weights, checksum)
 
     async def join_weight_sync(self, addr: str, port: int, rank_offset: int, world_size: int, backend: str,
                                timeout_s: float, key: str) -> list[int]:

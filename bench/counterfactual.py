@@ -56,7 +56,7 @@ from cast_rl.envs.core import load_domain_data  # noqa: E402
 from cast_rl.envs.generate import write_retail  # noqa: E402
 from cast_rl.eval.net_benefit import measure_benefit, noisy_expert_policy  # noqa: E402
 from cast_rl.models.tiny import corpus_from_paths, train_tokenizer  # noqa: E402
-from cast_rl.rollout.noisy_expert import NoisyExpertEngine  # noqa: E402
+from cast_rl.rollout.noisy_expert import NoisyExpertPolicy  # noqa: E402
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec, EpisodeState  # noqa: E402
 
 
@@ -101,7 +101,7 @@ def main() -> None:
 
         fork_ms, replay_ms, fork_last, replay_last, cont_ms, prefix_msgs = [], [], [], [], [], []
         for task in range(len(data.tasks("train"))):
-            engine = NoisyExpertEngine(tok, data.task("train", task), data.spec.write_tools, None)
+            engine = NoisyExpertPolicy(tok, data.task("train", task), data.spec.write_tools, None)
             runner = EpisodeRunner(cfg, data, engine)
             snapshots: dict[int, EpisodeState] = {}
             spec = EpisodeSpec("train", task, 0)

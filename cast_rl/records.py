@@ -14,7 +14,7 @@ One line per episode::
 records in memory and plain objects on disk (``dataclasses.asdict``); :meth:`Trajectory.from_json`
 and ``Trajectory(...)`` turn objects back into records and name a line's unknown or missing
 fields.  Counts are read from the turns, not kept twice: :attr:`Trajectory.policy_tokens`,
-``prompt_tokens``, ``malformed_calls``, ``extra_calls_dropped`` (with ``jq``:
+``prompt_tokens``, ``malformed_calls``, ``extra_calls_dropped``, ``env_steps`` (with ``jq``:
 ``[.turns[] | .end - .start] | add`` is the generated tokens of a line without substitutions).
 Lines written before turns were recorded load; their counts then come from ``info``.
 
@@ -139,6 +139,12 @@ class Trajectory:
     @property
     def extra_calls_dropped(self) -> int:
         return self._count("extra_calls_dropped", lambda t: t.dropped_calls)
+
+    @property
+    def env_steps(self) -> int:
+        """Actions the episode took (tool calls, replies, malformed turns; not the proposals the
+        critic rejected): its environment steps.  0 for lines written before turns were recorded."""
+        return sum(1 for t in self.turns if t.executed)
 
     @property
     def key(self) -> tuple[str, str, int, int]:

@@ -31,7 +31,6 @@ from tqdm import tqdm
 
 from actors.rollout_group import RolloutGroup
 from cast_rl.config import to_dict
-from cast_rl.config.args import add_config_arguments, parse_config
 from cast_rl.config.schema import CastConfig
 from cast_rl.critique.service import critic_description
 from cast_rl.envs.setup import episode_units, load_env_data, unseen_data_dirs
@@ -48,6 +47,7 @@ from cast_rl.models.setup import ensure_policy_model
 from cast_rl.pipeline.context import resolve_critic
 from cast_rl.records import Trajectory, write_trajectories
 from cast_rl.telemetry import MetricsLogger
+from launchers import commands
 from launchers.cluster import init_ray
 
 logger = logging.getLogger(__name__)
@@ -146,14 +146,19 @@ def _collect_domain(
         run.unparsable = (run.unparsable or 0) + counted["rollout/critic_unparsable"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_arguments(parser, example="eval.verification_budgets=[0,1]")
-    parser.add_argument("--out", default=None, help="output directory (default: <run_dir>/eval)")
-    args, cfg = parse_config(parser, argv)
-    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_eval(cfg, args.out or Path(cfg.run_dir) / "eval")
+def command(args: argparse.Namespace, cfg: CastConfig) -> int:
+    """``cast-rl eval`` and ``python -m launchers.eval`` (:mod:`launchers.commands`): prints the
+    summary and where the report is."""
+    out = Path(args.out) if args.out else Path(cfg.run_dir) / "eval"
+    run_eval(cfg, out)
+    print((out / "summary.md").read_text())
+    print(f"report: {out / 'report.json'}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m launchers.eval``: the same as ``cast-rl eval``."""
+    return commands.main("eval", command, argv, description=__doc__)
 
 
 if __name__ == "__main__":

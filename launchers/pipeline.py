@@ -22,8 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from actors.rollout_group import RolloutGroup
-from cast_rl.config import ConfigError
-from cast_rl.config.args import add_config_arguments, parse_config
 from cast_rl.config.schema import PIPELINE_STAGES, CastConfig
 from cast_rl.envs.core import DomainData
 from cast_rl.envs.setup import load_env_data, unseen_data_dirs
@@ -31,6 +29,7 @@ from cast_rl.eval.tokenizer_fit import tokenizer_fit
 from cast_rl.models.setup import ensure_policy_model
 from cast_rl.pipeline.context import PipelineContext
 from cast_rl.pipeline.report import STAGE_TAGS, headline, write_pipeline_report
+from launchers import commands
 from launchers.cluster import check_resources, init_ray
 from launchers.stages import STAGES
 
@@ -135,18 +134,15 @@ def print_result(result: dict[str, Any]) -> None:
     print(f"wall time: {result['wall_s']} s")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_arguments(parser, example="pipeline.warmstart_epochs=2")
-    _, cfg = parse_config(parser, argv)
-    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        result = run_pipeline(cfg)
-    except ConfigError as exc:  # e.g. the resource pre-flight: one line, nothing started
-        print(exc, file=sys.stderr)
-        return 2
-    print_result(result)
+def command(args: argparse.Namespace, cfg: CastConfig) -> int:
+    """``cast-rl pipeline`` and ``python -m launchers.pipeline`` (:mod:`launchers.commands`)."""
+    print_result(run_pipeline(cfg))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m launchers.pipeline``: the same as ``cast-rl pipeline``."""
+    return commands.main("pipeline", command, argv, description=__doc__)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from actors.rollout_group import RolloutGroup
-from cast_rl.config.args import add_config_arguments, parse_config
 from cast_rl.config.schema import CastConfig
 from cast_rl.envs.setup import episode_units, load_env_data
 from cast_rl.models.setup import ensure_policy_model
 from cast_rl.records import Trajectory, write_trajectories
 from cast_rl.telemetry import MetricsLogger
+from launchers import commands
 from launchers.cluster import init_ray
 
 logger = logging.getLogger(__name__)
@@ -54,14 +54,15 @@ def run_rollout(cfg: CastConfig, out: str | Path, units: list | None = None) -> 
     return {"episodes": len(trajectories), "reward_mean": metrics["rollout/reward_mean"], "out": str(out)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_arguments(parser, example="rollout.num_workers=2")
-    parser.add_argument("--out", required=True, help="output JSON Lines file of trajectories")
-    args, cfg = parse_config(parser, argv)
-    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def command(args: argparse.Namespace, cfg: CastConfig) -> int:
+    """``cast-rl rollout`` and ``python -m launchers.rollout`` (:mod:`launchers.commands`)."""
     print(run_rollout(cfg, args.out))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m launchers.rollout``: the same as ``cast-rl rollout``."""
+    return commands.main("rollout", command, argv, description=__doc__)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Train the policy with the full Ray stack: rollout workers, replay buffer, FSDP learner group.
 
-    python -m launchers.train configs/quickstart.yaml algorithm.steps=20
+    cast-rl train configs/quickstart.yaml algorithm.steps=20
+    python -m launchers.train configs/quickstart.yaml algorithm.steps=20   # the same; ray job submit
     python -m launchers.train configs/quickstart.yaml --collector toy   # first-token toy task
 
 Parses the config, starts or joins Ray (``cluster.address``), builds the learner group
@@ -31,7 +32,6 @@ from actors.replay_buffer import ReplayBufferClient
 from actors.rollout_group import RolloutGroup
 from actors.supervision import ray_supervisor
 from cast_rl.config import to_dict
-from cast_rl.config.args import add_config_arguments, parse_config
 from cast_rl.config.schema import CastConfig
 from cast_rl.envs.setup import load_env_data
 from cast_rl.learner.loop import TrainLoop
@@ -40,6 +40,7 @@ from cast_rl.learner.toy import HFCollector
 from cast_rl.models.setup import ensure_model, ensure_policy_model
 from cast_rl.records import Trajectory
 from cast_rl.telemetry import MetricsLogger
+from launchers import commands
 from launchers.cluster import init_ray
 
 logger = logging.getLogger(__name__)
@@ -148,16 +149,16 @@ def _shutdown(parts: list[Any]) -> None:
             ray.kill(part.handle)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_arguments(parser, example="algorithm.steps=20")
-    parser.add_argument("--collector", choices=("rollout", "toy"), default="rollout")
-    parser.add_argument("--no-resume", action="store_true", help="ignore checkpoints under run_dir")
-    args, cfg = parse_config(parser, argv)
-    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    summary = run_training(cfg, args.collector, resume=not args.no_resume)
-    print(json.dumps(summary))
+def command(args: argparse.Namespace, cfg: CastConfig) -> int:
+    """``cast-rl train`` and ``python -m launchers.train`` (:mod:`launchers.commands`): the last
+    stdout line is the run's JSON summary."""
+    print(json.dumps(run_training(cfg, args.collector, resume=not args.no_resume)))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m launchers.train``: the same as ``cast-rl train``."""
+    return commands.main("train", command, argv, description=__doc__)
 
 
 if __name__ == "__main__":

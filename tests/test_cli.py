@@ -46,6 +46,7 @@ CONFIGURED = {
     "critic eval": ["critic", "eval", "--data", "d"],
     "eval": ["eval"],
     "pipeline": ["pipeline"],
+    "train": ["train"],
 }
 
 
@@ -87,16 +88,19 @@ def test_a_bad_key_is_named_in_one_line(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_launchers_share_the_helper(capsys: pytest.CaptureFixture[str]) -> None:
-    """A launcher's config error exits 2 with the same one line, before anything starts."""
+    """A launcher's config error exits 2 with the same one line as ``cast-rl``'s, before anything
+    starts: ``python -m launchers.X`` and ``cast-rl X`` run one command (launchers.commands)."""
+    from cast_rl.cli import main as cast_rl_main
     from launchers import eval as eval_launcher
     from launchers import pipeline, rollout, train
 
-    for main, extra in ((rollout.main, ["--out", "o"]), (eval_launcher.main, []), (pipeline.main, []),
-                        (train.main, [])):
-        with pytest.raises(SystemExit) as stop:
-            main(["default", "rollout.num_wokers=2", *extra])
-        assert stop.value.code == 2
-        assert "unknown key 'rollout.num_wokers'" in capsys.readouterr().err
+    for name, main, extra in (("rollout", rollout.main, ["--out", "o"]), ("eval", eval_launcher.main, []),
+                              ("pipeline", pipeline.main, []), ("train", train.main, [])):
+        assert main(["default", "rollout.num_wokers=2", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "unknown key 'rollout.num_wokers'" in err and len(err.strip().splitlines()) == 1
+        assert cast_rl_main([name, "default", "rollout.num_wokers=2", *extra]) == 2
+        assert capsys.readouterr().err == err
 
 
 def test_the_domain_list_is_written_once() -> None:
@@ -108,7 +112,7 @@ def test_the_domain_list_is_written_once() -> None:
     repo = Path(__file__).resolve().parents[1]
     sources = [p for part in ("cast_rl", "actors", "launchers") for p in (repo / part).rglob("*.py")]
     copies = [p.relative_to(repo) for p in sources if '"retail", "airline", "telecom", "telehealth"' in p.read_text()]
-    assert copies == [Path("cast_rl/config/schema.py")]
+    assert copies == [Path("cast_rl/config/env.py")]
 
 
 def test_log_level_flag_is_the_logging_level_key() -> None:

@@ -2,7 +2,8 @@
 
 Every ``cast-rl`` subcommand that reads configuration and every ``python -m launchers.*`` module
 adds its config arguments with :func:`add_config_arguments` and resolves them with
-:func:`config_from_args` (or :func:`parse_config` for a launcher's own parser)::
+:func:`config_from_args` (the launchers through ``launchers.commands``, which the ``cast-rl``
+subcommands share)::
 
     cast-rl label configs/quickstart.yaml env.now=2024-05-15T15:00:00 --trajectories T --out L
     cast-rl env replay env.domain=airline env.data_dir=../shared/benchmarks/airline --out R.jsonl
@@ -21,7 +22,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from cast_rl.config.loader import ConfigError, load_config
+from cast_rl.config.loader import load_config
 from cast_rl.config.schema import CastConfig
 
 DEFAULT = "default"
@@ -77,15 +78,3 @@ def config_from_args(args: argparse.Namespace) -> CastConfig:
 def _is_yaml_file(item: str) -> bool:
     """An argument naming a YAML file (a further config layer), not a ``key=value`` override."""
     return "=" not in item and item.endswith((".yaml", ".yml"))
-
-
-def parse_config(
-    parser: argparse.ArgumentParser, argv: list[str] | None = None
-) -> tuple[argparse.Namespace, CastConfig]:
-    """Parse ``argv`` with ``parser`` (which has :func:`add_config_arguments`) and resolve the
-    configuration; a config error exits with status 2 and its one line, like a usage error."""
-    args = parser.parse_args(argv)
-    try:
-        return args, config_from_args(args)
-    except ConfigError as exc:
-        parser.exit(2, f"{exc}\n")

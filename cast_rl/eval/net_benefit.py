@@ -56,7 +56,7 @@ from cast_rl.envs.core import DomainData
 from cast_rl.envs.types import RESPOND, Action
 from cast_rl.eval.passk import is_success, passk
 from cast_rl.records import CRITIC_NAME, Trajectory
-from cast_rl.rollout.noisy_expert import NoisyExpertEngine, episode_teacher
+from cast_rl.rollout.noisy_expert import NoisyExpertPolicy, episode_teacher
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec, EpisodeState, tree_points
 
 CRITIC_TOKENS = "critique_text"
@@ -363,7 +363,7 @@ def noisy_expert_policy(cfg: Any, data: DomainData, tokenizer: Any) -> Callable[
                          "the noisy teacher plays retail tasks only")
     kinds = tuple(cfg.pipeline.benefit_errors)
 
-    def engine_for(spec: EpisodeSpec) -> NoisyExpertEngine:
+    def engine_for(spec: EpisodeSpec) -> NoisyExpertPolicy:
         return episode_teacher(tokenizer, data, spec.key, cfg.seed, cfg.pipeline.benefit_error_rate, kinds,
                                defers=True)
 

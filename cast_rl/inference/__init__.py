@@ -1,7 +1,7 @@
 """Inference engines (vLLM, OpenAI-compatible) behind one interface."""
 
 from cast_rl.inference.base import Completion, GenerationTimeout, InferenceEngine, Sampling
-from cast_rl.inference.expert import ExpertPolicy
+from cast_rl.inference.expert import ExpertTokenizer
 
 __all__ = ["Completion", "GenerationTimeout", "InferenceEngine", "Sampling", "build_engine"]
 
@@ -21,5 +21,5 @@ def build_engine(model_path: str, cfg, seed: int = 0, dtype: str | None = None,
 
         return OpenAIEngine(model_path, cfg)
     if cfg.backend == "expert":  # a policy of its own: only the tokenizer is loaded
-        return ExpertPolicy(model_path)
+        return ExpertTokenizer(model_path)
     raise ValueError(f"inference.backend={cfg.backend!r} is not allowed; choose vllm, openai or expert")

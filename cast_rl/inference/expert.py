@@ -1,36 +1,23 @@
-"""The engine ``inference.backend=expert`` names: the tokenizer, no model.
+"""What ``inference.backend=expert`` builds: the policy model's tokenizer, no model.
 
-The scripted expert itself (:mod:`cast_rl.rollout.expert`) plays per episode; this placeholder
-only carries the tokenizer for the runner, so the engine registry needs nothing of the rollout
-layer.
+The scripted expert (:mod:`cast_rl.rollout.expert`) is a policy, not an engine: the episode
+runner maps the backend to :class:`cast_rl.rollout.expert.GoldExpert`, which plays each episode
+with its task's expert.  This placeholder only carries the tokenizer to it, so the engine
+registry needs nothing of the rollout layer.
 """
 
 from __future__ import annotations
 
-from cast_rl.inference.base import Completion, Sampling
 
-
-class ExpertPolicy:
-    """What ``build_engine`` returns for ``inference.backend=expert``: the tokenizer, no model.
-
-    The runner binds a :class:`cast_rl.rollout.expert.ExpertEngine` per episode
-    (:func:`cast_rl.rollout.expert.expert_engine`); this object itself generates nothing.
-    """
+class ExpertTokenizer:
+    """What ``build_engine`` returns for ``inference.backend=expert``: the tokenizer, no model;
+    it generates nothing (the runner's :class:`~cast_rl.rollout.expert.GoldExpert` plays)."""
 
     def __init__(self, model_path: str) -> None:
         from transformers import AutoTokenizer
 
         self.model_path = model_path
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-
-    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
-        raise RuntimeError(
-            "inference.backend=expert plays per episode: EpisodeRunner binds an ExpertEngine "
-            "to each task; this engine generates nothing itself"
-        )
-
-    async def chat(self, messages, sampling, tools=None):
-        raise NotImplementedError("the expert only serves token prompts")
 
     async def close(self) -> None:
         return None

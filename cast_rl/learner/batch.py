@@ -1,5 +1,8 @@
 """Samples to tensors: data-parallel shards, micro-batches, dynamic padding.
 
+:func:`shard` lives in :mod:`cast_rl.samples` (torch-free, for the replay actor) and is
+importable from here.
+
 Every per-token tensor of a :class:`MicroBatch` lives in the *target frame*: position ``t``
 describes the prediction of token ``t + 1`` from tokens ``0..t``.  So for a padded batch of
 ``B`` sequences of longest length ``L``: ``input_ids`` and ``attention_mask`` are (B, L); and
@@ -15,7 +18,9 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from cast_rl.learner.sample import Sample
+from cast_rl.samples import Sample, shard
+
+__all__ = ["MicroBatch", "collate", "dummy_micro_batch", "shard", "split_micro_batches"]
 
 
 @dataclass
@@ -102,22 +107,6 @@ def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
 def dummy_micro_batch(pad_id: int) -> MicroBatch:
     """A micro-batch with no loss tokens: keeps FSDP collectives in step on a rank with less data."""
     return collate([Sample("dummy", "supervised", [pad_id, pad_id], [0, 0], [0.0, 0.0])], pad_id)
-
-
-def shard(samples: Sequence[Sample], world_size: int) -> list[list[Sample]]:
-    """Split a global batch over data-parallel ranks, balancing tokens.
-
-    Longest first, each sample goes to the rank with the fewest tokens so far (ties: the rank
-    with fewer samples, then the lower rank); deterministic for a given input order.
-    """
-    order = sorted(range(len(samples)), key=lambda i: -len(samples[i].token_ids))
-    shards: list[list[Sample]] = [[] for _ in range(world_size)]
-    tokens = [0] * world_size
-    for i in order:
-        r = min(range(world_size), key=lambda k: (tokens[k], len(shards[k]), k))
-        shards[r].append(samples[i])
-        tokens[r] += len(samples[i].token_ids)
-    return shards
 
 
 def split_micro_batches(

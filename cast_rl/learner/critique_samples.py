@@ -44,6 +44,12 @@ builder gives it a positive loss.  The kinds, combinable, are picked by name fro
     trajectories, every comparison is between continuations of one state.  The root takes part
     in each of its points' groups, one sample per group.
 
+Every sample cut from a trajectory records it in :attr:`~cast_rl.samples.Sample.origin`: the
+trajectory's position in the builder's input (the list the loop hands to the replay buffer beside
+the samples) and how the sample's logprobs follow from the trajectory's; the buffer's log then
+refers to the trajectory instead of repeating its tokens.  A distillation sample with a cut is no
+prefix of its trajectory and has none.
+
 Parquet datasets (critic data, rejection-sampling data) load through
 :func:`supervised_from_parquet`.
 """
@@ -59,8 +65,8 @@ from typing import Any
 
 from cast_rl.config.schema import CastConfig
 from cast_rl.critique.rationale import verdict_length
-from cast_rl.learner.sample import Sample
 from cast_rl.records import PolicyTurn, Trajectory
+from cast_rl.samples import Origin, Sample
 
 logger = logging.getLogger(__name__)
 
@@ -164,24 +170,24 @@ def outcome_group_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id
     """One policy sample per trajectory: outcome advantage plus turn-level credit (module doc)."""
     algo = cfg.algorithm
     rows = []
-    for t in trajs:
+    for i, t in enumerate(trajs):
         turns = policy_turns(t)
         mask = executed_mask(t, turns)
         if any(mask):
-            rows.append((t, mask, turn_credit(turns, algo.critic_reward_weight)))
+            rows.append((t, mask, turn_credit(turns, algo.critic_reward_weight), i))
     if len(rows) < len(trajs):
         logger.warning("skipped %d trajectories without policy tokens", len(trajs) - len(rows))
     if not rows:
         return []
-    groups = [group_id(t, round_id) for t, _, _ in rows]
-    advs = verl_advantages([float(t.reward) for t, _, _ in rows], [m for _, m, _ in rows], groups,
+    groups = [group_id(t, round_id) for t, _, _, _ in rows]
+    advs = verl_advantages([float(t.reward) for t, _, _, _ in rows], [m for _, m, _, _ in rows], groups,
                            algo.adv_estimator, algo.norm_adv_by_std)
     outcomes: dict[str, set[float]] = defaultdict(set)
-    for (t, _, _), g in zip(rows, groups):
+    for (t, _, _, _), g in zip(rows, groups):
         outcomes[g].add(float(t.reward))
     varied = {g for g, seen in outcomes.items() if len(seen) > 1}
     out = []
-    for (t, mask, credit), adv, g in zip(rows, advs, groups):
+    for (t, mask, credit, i), adv, g in zip(rows, advs, groups):
         if algo.filter_zero_variance_groups and g not in varied and not credit:
             continue  # nothing to learn: equal outcomes and no critic verdict
         for turn, _ in credit:  # judged turns carry loss, rejected ones too
@@ -192,6 +198,7 @@ def outcome_group_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id
             policy_version=t.policy_version, group=g, critique_changed=bool(t.verification_rounds),
             span_advantages=[[turn.start, turn.end, (adv if turn.executed else 0.0) + v] for turn, v in credit],
             info={"outcome": float(t.reward), "zero_variance_group": g not in varied},
+            origin=Origin(i, "trajectory"),
         ))
     return out
 
@@ -199,35 +206,37 @@ def outcome_group_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id
 def step_group_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
     """One policy sample per (episode, decision point) of the collected trees (module doc)."""
     algo = cfg.algorithm
-    members: dict[str, list[tuple[Trajectory, int, int]]] = defaultdict(list)
-    for t in trajs:
+    members: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    for i, t in enumerate(trajs):
         tree = t.info.get("tree")
         if not tree:
             continue
         base = f"{group_id(t, round_id)}/{t.trial}"
         if "points" in tree:  # the root belongs to the group of each of its points
             for point in tree["points"]:
-                members[f"{base}/{point}"].append((t, point, 0))
+                members[f"{base}/{point}"].append((i, point, 0))
         else:
-            members[f"{base}/{tree['point']}"].append((t, tree["point"], tree["branch"]))
+            members[f"{base}/{tree['point']}"].append((i, tree["point"], tree["branch"]))
     rows = []
     for g, group in members.items():
         if len(group) < 2:
             continue
-        for t, point, branch in group:
+        for i, point, branch in group:
+            t = trajs[i]
             turns = [turn for turn in policy_turns(t) if turn.message_index >= point]
             mask = executed_mask(t, turns) if turns else [0] * len(t.token_ids)
             if any(mask):
-                rows.append((t, point, branch, mask, g))
+                rows.append((i, point, branch, mask, g))
     if not rows:
         return []
-    advs = verl_advantages([float(r[0].reward) for r in rows], [r[3] for r in rows], [r[4] for r in rows],
+    advs = verl_advantages([float(trajs[r[0]].reward) for r in rows], [r[3] for r in rows], [r[4] for r in rows],
                            algo.adv_estimator, algo.norm_adv_by_std)
     outcomes: dict[str, set[float]] = defaultdict(set)
-    for t, _, _, _, g in rows:
-        outcomes[g].add(float(t.reward))
+    for i, _, _, _, g in rows:
+        outcomes[g].add(float(trajs[i].reward))
     out = []
-    for (t, point, branch, mask, g), adv in zip(rows, advs):
+    for (i, point, branch, mask, g), adv in zip(rows, advs):
+        t = trajs[i]
         if algo.filter_zero_variance_groups and len(outcomes[g]) == 1:
             continue  # every continuation of this state ended alike: no step-level signal
         out.append(Sample(
@@ -236,14 +245,15 @@ def step_group_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: s
             reward=float(t.reward), policy_version=t.policy_version, group=g,
             critique_changed=bool(t.verification_rounds),
             info={"outcome": float(t.reward), "point": point, "branch": branch},
+            origin=Origin(i, "trajectory"),
         ))
     return out
 
 
 def revision_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
     """A policy sample per judged revision; reward = the critic accepted it (module doc)."""
-    pending: list[tuple[Trajectory, PolicyTurn, float]] = []
-    for t in trajs:
+    pending: list[tuple[int, PolicyTurn, float]] = []
+    for i, t in enumerate(trajs):
         turns = policy_turns(t)
         for before, turn in zip(turns, turns[1:]):
             if before.executed:
@@ -254,7 +264,7 @@ def revision_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str
                 reward = 1.0 if turn.verdict == "valid" else 0.0
             else:
                 continue  # budget spent or the critic's answer unreadable: nobody judged it
-            pending.append((t, turn, reward))
+            pending.append((i, turn, reward))
     if not pending:
         return []
     group = f"{round_id}/revisions"
@@ -263,38 +273,41 @@ def revision_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str
     advs = verl_advantages(rewards, masks, [group] * len(pending), cfg.algorithm.adv_estimator,
                            cfg.algorithm.norm_adv_by_std)
     out = []
-    for (t, turn, reward), adv in zip(pending, advs):
-        s, e = turn.start, turn.end
+    for (i, turn, reward), adv in zip(pending, advs):
+        t, s, e = trajs[i], turn.start, turn.end
         out.append(Sample(
             key=sample_key(t, round_id, "revision", str(turn.message_index)), source="revision",
             token_ids=list(t.token_ids[:e]), loss_mask=[0] * s + [1] * (e - s),
             logprobs=[0.0] * s + list(t.logprobs[s:e]), advantage=adv, reward=reward,
             policy_version=t.policy_version, group=group, critique_changed=True,
             info={"message_index": turn.message_index},
+            origin=Origin(i, "masked"),  # the prefix up to the revision, logprobs on it only
         ))
     return out
 
 
-def _supervised(t: Trajectory, round_id: str, kind: str, ids: list[int], mask: list[int]) -> Sample:
+def _supervised(t: Trajectory, round_id: str, kind: str, ids: list[int], mask: list[int],
+                origin: Origin | None) -> Sample:
     return Sample(
         key=sample_key(t, round_id, kind), source="supervised", token_ids=ids, loss_mask=mask,
         logprobs=[0.0] * len(ids), reward=float(t.reward), policy_version=t.policy_version,
-        group=f"{round_id}/{kind}", critique_changed=bool(t.verification_rounds),
+        group=f"{round_id}/{kind}", critique_changed=bool(t.verification_rounds), origin=origin,
     )
 
 
-def _corrected_successes(trajs: Sequence[Trajectory], cfg: CastConfig) -> list[Trajectory]:
+def _corrected_successes(trajs: Sequence[Trajectory], cfg: CastConfig) -> list[tuple[int, Trajectory]]:
+    """(position, trajectory) of each success a critique corrected."""
     threshold = cfg.algorithm.success_threshold
-    return [t for t in trajs if t.verification_rounds and t.reward >= threshold]
+    return [(i, t) for i, t in enumerate(trajs) if t.verification_rounds and t.reward >= threshold]
 
 
 def supervised_from_trajectories(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
     """Critique-enriched SFT: corrected successes as they ran; rejected proposals have mask 0."""
     out = []
-    for t in _corrected_successes(trajs, cfg):
+    for i, t in _corrected_successes(trajs, cfg):
         mask = executed_mask(t, policy_turns(t))
         if any(mask):
-            out.append(_supervised(t, round_id, "supervised", list(t.token_ids), mask))
+            out.append(_supervised(t, round_id, "supervised", list(t.token_ids), mask, Origin(i, "zero")))
     return out
 
 
@@ -320,10 +333,11 @@ def distill_cut(t: Trajectory) -> tuple[list[int], list[int]]:
 def distill_from_trajectories(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
     """Critique-free distillation of the corrected successes (see :func:`distill_cut`)."""
     out = []
-    for t in _corrected_successes(trajs, cfg):
+    for i, t in _corrected_successes(trajs, cfg):
         ids, mask = distill_cut(t)
-        if any(mask):
-            out.append(_supervised(t, round_id, "distill", ids, mask))
+        if any(mask):  # with tokens cut out of the middle it is no prefix of the trajectory: no origin
+            origin = Origin(i, "zero") if len(ids) == len(t.token_ids) else None
+            out.append(_supervised(t, round_id, "distill", ids, mask, origin))
     return out
 
 
@@ -331,8 +345,8 @@ def rft_from_trajectories(trajs: Sequence[Trajectory], cfg: CastConfig, round_id
     """RFT baseline: successful trajectories no critique touched, loss on every policy turn."""
     threshold = cfg.algorithm.success_threshold
     return [
-        _supervised(t, round_id, "rft", list(t.token_ids), list(t.loss_mask))
-        for t in trajs
+        _supervised(t, round_id, "rft", list(t.token_ids), list(t.loss_mask), Origin(i, "zero"))
+        for i, t in enumerate(trajs)
         if not t.verification_rounds and t.reward >= threshold and any(t.loss_mask)
     ]
 

@@ -15,8 +15,9 @@ run resumes exactly.  In async mode, tasks handed to a collection that was still
 checkpoint are not collected again after a resume (skipped, never duplicated).
 
 The loop talks to three parts through small interfaces, in-process or Ray alike:
-a collector (``collect(units)``, ``update_weights(version, weights, checksum)``: the rollout
-group, or :class:`cast_rl.learner.toy.HFCollector`), a learner (:class:`LocalLearner` here, or
+a collector (:class:`cast_rl.rollout.collector.Collector`: ``collect(units, tree=None)``,
+``update_weights(version, weights, checksum)``; the rollout group, or
+:class:`cast_rl.learner.toy.HFCollector`), a learner (:class:`LocalLearner` here, or
 :class:`actors.learner.LearnerGroup`), and a replay buffer (:class:`cast_rl.replay.ReplayBuffer`,
 or a client of :class:`actors.replay_buffer.ReplayBufferActor`).
 """
@@ -38,25 +39,12 @@ from cast_rl.config.schema import CastConfig, ScheduleConfig
 from cast_rl.inference.weight_sync import state_checksum
 from cast_rl.learner import checkpoint
 from cast_rl.learner.critique_samples import build_samples, zero_variance_groups
-from cast_rl.learner.sample import Sample
 from cast_rl.records import Trajectory
-from cast_rl.rollout.runner import env_steps
+from cast_rl.rollout.collector import Collector, Unit
+from cast_rl.samples import Sample, batch_metrics  # batch_metrics: importable from here too
 from cast_rl.telemetry.metrics import MetricsLogger
 
 logger = logging.getLogger(__name__)
-
-Unit = tuple[str, int, int]
-Tree = tuple[int, str]
-"""Step-level GRPO's tree rollouts: (continuations per decision point, which points)."""
-
-
-class Collector(Protocol):
-    def collect(self, units: list[Unit], tree: Tree | None = None) -> list[Trajectory]:
-        """One trajectory per unit in unit order; with ``tree``, each followed by its
-        continuations (:meth:`actors.rollout_group.RolloutGroup.collect`)."""
-        ...
-
-    def update_weights(self, version: int, weights: Any, checksum: str) -> Any: ...
 
 
 class Learner(Protocol):
@@ -157,25 +145,6 @@ def tasks_per_step(cfg: CastConfig) -> int:
     return max(1, cfg.learner.global_batch_size // cfg.rollout.trials_per_task)
 
 
-def batch_metrics(batch: list[Sample], learner_version: int) -> dict[str, float]:
-    """Advantage, reward and staleness statistics of a drawn batch (``train/`` names)."""
-    adv = [s.advantage for s in batch if s.is_policy]
-    lag = [learner_version - s.policy_version for s in batch]
-    out = {
-        "train/samples": float(len(batch)),
-        "train/staleness_mean": statistics.fmean(lag) if lag else 0.0,
-        "train/staleness_max": float(max(lag, default=0)),
-        "train/critique_changed_frac": statistics.fmean(s.critique_changed for s in batch) if batch else 0.0,
-    }
-    if adv:
-        out.update({
-            "train/adv_mean": statistics.fmean(adv), "train/adv_std": statistics.pstdev(adv),
-            "train/adv_min": min(adv), "train/adv_max": max(adv),
-            "train/batch_reward_mean": statistics.fmean(s.reward for s in batch if s.is_policy),
-        })
-    return out
-
-
 def collection_metrics(collections: list[list[Trajectory]]) -> dict[str, float]:
     """What the collections behind one optimizer step cost and held: counts summed over all of
     them (a sync step collects again while dynamic sampling leaves it short of a batch), means
@@ -200,7 +169,7 @@ def collection_metrics(collections: list[list[Trajectory]]) -> dict[str, float]:
 
 def _env_steps(traj: Trajectory) -> int:
     tree = traj.info.get("tree")
-    return int(tree["env_steps"]) if tree else env_steps(traj)
+    return int(tree["env_steps"]) if tree else traj.env_steps
 
 
 def _newer(version: list[int], than: int, stop: threading.Event) -> bool:

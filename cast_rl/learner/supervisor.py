@@ -33,6 +33,8 @@ from typing import Any
 
 from cast_rl.learner import checkpoint
 from cast_rl.learner.loop import LoopState, TrainLoop
+from cast_rl.records import Trajectory
+from cast_rl.rollout.collector import Collector, Tree, Unit
 
 logger = logging.getLogger(__name__)
 
@@ -45,14 +47,14 @@ class MonotoneCollector:
     checksums, next to ``checksums`` of what was published.
     """
 
-    def __init__(self, collector: Any) -> None:
+    def __init__(self, collector: Collector) -> None:
         self.collector = collector
         self.published: list[int] = []
         self.checksums: dict[int, str] = {}
         self.skipped: dict[int, str] = {}
 
-    def collect(self, units: list[tuple[str, int, int]], **kwargs: Any) -> Any:
-        return self.collector.collect(units, **kwargs)
+    def collect(self, units: list[Unit], tree: Tree | None = None) -> list[Trajectory]:
+        return self.collector.collect(units, tree=tree)
 
     def update_weights(self, version: int, weights: Any, checksum: str) -> Any:
         if self.published and version <= self.published[-1]:

@@ -25,10 +25,9 @@ import torch
 
 from cast_rl.inference.weight_sync import WeightSyncError, state_checksum
 from cast_rl.records import Trajectory
+from cast_rl.rollout.collector import Tree, Unit
 
 logger = logging.getLogger(__name__)
-
-Unit = tuple[str, int, int]
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,7 @@ class HFCollector:
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
     @torch.no_grad()
-    def collect(self, units: list[Unit], tree: tuple[int, str] | None = None) -> list[Trajectory]:
+    def collect(self, units: list[Unit], tree: Tree | None = None) -> list[Trajectory]:
         """One trajectory per (split, task_index, trial) unit, in order."""
         if tree is not None:
             raise ValueError("the toy task has one turn and no environment to fork: step_groups needs "

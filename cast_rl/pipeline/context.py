@@ -27,6 +27,7 @@ from cast_rl.config.schema import STAGE_DIRS, CastConfig, CriticConfig
 from cast_rl.critique.service import critic_description
 from cast_rl.envs.core import DomainData
 from cast_rl.records import Trajectory
+from cast_rl.rollout.collector import Collector, Tree, Unit
 from cast_rl.rollout.teacher import teacher_rollout_config
 
 logger = logging.getLogger(__name__)
@@ -41,22 +42,23 @@ def train_split_config(cfg: CastConfig, data: DomainData) -> CastConfig:
     return dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, split=pipe.train_split, task_indices=indices))
 
 
-class Collector(Protocol):
-    """What the stages need of a rollout group (``actors.rollout_group.RolloutGroup``)."""
+class StageGroup(Collector, Protocol):
+    """What the stages need of a rollout group (``actors.rollout_group.RolloutGroup``): the one
+    collector protocol (:class:`~cast_rl.rollout.collector.Collector`), streaming trajectories
+    to ``on_done`` as they arrive, and the switches between stages."""
 
     critic: CriticConfig
     cfg: CastConfig
     """The config its episodes run under (``env``: the domain it serves now)."""
 
-    def collect(self, units: list[tuple[str, int, int]], **kwargs: Any) -> list[Trajectory]: ...
+    def collect(self, units: list[Unit], tree: Tree | None = None, *,
+                on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]: ...
 
     def set_domain(self, cfg: CastConfig) -> None: ...
 
     def set_critic(self, critic: CriticConfig) -> str: ...
 
     def set_verification_budget(self, budget: int) -> None: ...
-
-    def update_weights(self, version: int, state_ref: Any, checksum: str) -> Any: ...
 
     def metrics(self) -> dict[str, float]: ...
 
@@ -142,7 +144,7 @@ class PipelineContext:
     """Directories, data, the current policy and the shared rollout group of one pipeline run."""
 
     def __init__(self, cfg: CastConfig, data: DomainData,
-                 make_group: Callable[..., Collector]) -> None:
+                 make_group: Callable[..., StageGroup]) -> None:
         self.cfg = cfg
         self.make_group = make_group
         """Starts the shared rollout group for a config (the launcher passes ``RolloutGroup``), or
@@ -153,7 +155,7 @@ class PipelineContext:
         self.policy_path = Path(cfg.policy.path)
         """The policy the next stage starts from (the warm-start and optimise stages move it)."""
         self.policy_version = 0
-        self._group: Collector | None = None
+        self._group: StageGroup | None = None
         self.group_name = cfg.logging.group or self.root.name
         check_trained_critic(cfg)
         check_critic_base(cfg)
@@ -219,7 +221,7 @@ class PipelineContext:
         """The config of the training stages: the pipeline's train split."""
         return train_split_config(self.with_policy(), self.data)
 
-    def rollout_group(self) -> Collector:
+    def rollout_group(self) -> StageGroup:
         """The shared rollout group, started on first use with the current policy, consulting
         the current critic (:meth:`critic_config`)."""
         if self._group is None:
@@ -230,7 +232,7 @@ class PipelineContext:
             self._group.set_critic(critic)
         return self._group
 
-    def teacher_group(self) -> Collector:
+    def teacher_group(self) -> StageGroup:
         """Rollout workers that play the teacher model on the training tasks
         (``pipeline.collect_policy=teacher``, :mod:`cast_rl.rollout.teacher`), on ``teacher.num_gpus``
         each: the shared rollout group gives its resources back first.  The caller shuts them down."""

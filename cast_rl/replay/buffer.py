@@ -20,8 +20,12 @@ Behaviour, all configured by :class:`~cast_rl.config.schema.ReplayBufferConfig`:
   rollouts, readable by ``cast-rl view``) and the ``add`` line keeps the sample's scalars and a
   ``ref``: the trajectory's byte offset, the sample's length (a prefix of the trajectory's
   tokens), its loss mask as ``[start, end)`` runs and whether its logprobs are the trajectory's,
-  those masked by the loss mask, or zero (supervised).  A ref is written only when it rebuilds the sample exactly;
-  anything else (supervised examples from files) is logged whole.  A new buffer on the same log recovers every accepted sample that was not
+  those masked by the loss mask, or zero (supervised).  The sample says which trajectory and
+  which logprobs (its :class:`~cast_rl.samples.Origin`, set by the builder that cut it); the
+  buffer only checks that the named trajectory rebuilds the sample exactly.  A sample that fails
+  the check is logged whole, marked ``origin_mismatch`` and counted (``origin_mismatches``: a
+  builder bug); one without an origin (supervised examples from files) is logged whole.  A new
+  buffer on the same log recovers every accepted sample that was not
   consumed or dropped, and never re-serves consumed ones.  :meth:`ReplayBuffer.cursor` is the
   sequence number of the last draw; a learner that resumes from a checkpoint taken at cursor c
   calls :meth:`ReplayBuffer.rewind` (c), which puts back what later draws took, so the resumed
@@ -44,8 +48,8 @@ from typing import Any
 
 from cast_rl.config.schema import ReplayBufferConfig
 from cast_rl.jsonl import iter_jsonl
-from cast_rl.learner.sample import Sample
 from cast_rl.records import Trajectory
+from cast_rl.samples import Origin, Sample
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +76,8 @@ class ReplayStats:
     dropped_stale: int = 0
     dropped_capacity: int = 0
     rewinds: int = 0
+    origin_mismatches: int = 0
+    """Samples whose origin did not rebuild them (logged whole instead of by reference)."""
 
 
 class ReplayBuffer:
@@ -142,6 +148,7 @@ class ReplayBuffer:
                 self._items[sample.key] = sample
                 self._seen.add(sample.key)
                 s.added += 1
+                s.origin_mismatches += bool(rec.get("origin_mismatch"))
             elif op == "duplicate":
                 s.duplicates += rec["count"]
             elif op == "consume":
@@ -199,32 +206,28 @@ class ReplayBuffer:
         return written
 
     def _add_record(self, sample: Sample, sources: list[tuple[int, Trajectory]]) -> dict[str, Any]:
-        """The log line of an accepted sample: a ``ref`` into the trajectory file when one of
-        ``sources`` rebuilds it exactly, else the whole sample."""
-        n = len(sample.token_ids)
-        for offset, traj in sources:
-            if (len(traj.token_ids) < n or (n and traj.token_ids[n - 1] != sample.token_ids[-1])
-                    or traj.token_ids[:n] != sample.token_ids):
-                continue
-            runs, start = [], None
-            for i, m in enumerate([*sample.loss_mask, 0]):
-                if m and start is None:
-                    start = i
-                elif not m and start is not None:
-                    runs.append([start, i])
-                    start = None
-            if sample.logprobs == traj.logprobs[:n]:
-                mode = "trajectory"
-            elif sample.logprobs == [lp if m else 0.0 for lp, m in zip(traj.logprobs[:n], sample.loss_mask)]:
-                mode = "masked"
-            elif not any(sample.logprobs):  # supervised samples carry no behaviour logprobs
-                mode = "zero"
-            else:
-                continue
-            header = {k: v for k, v in sample.to_json().items() if k not in ("token_ids", "loss_mask", "logprobs")}
-            return {"op": "add", "sample": header,
-                    "ref": {"offset": offset, "length": n, "mask": runs, "logprobs": mode}}
-        return {"op": "add", "sample": sample.to_json()}
+        """The log line of an accepted sample: a ``ref`` into the trajectory file when its origin
+        names one of ``sources`` (the add call's trajectories, with their offsets) that rebuilds it
+        exactly, else the whole sample (module doc)."""
+        origin = sample.origin
+        if origin is None or not sources:
+            return {"op": "add", "sample": sample.to_json()}
+        if origin.trajectory >= len(sources) or not _rebuilds(sources[origin.trajectory][1], sample, origin):
+            self.stats.origin_mismatches += 1
+            logger.warning("replay buffer: sample %s is not what its origin %s says; logged whole",
+                           sample.key, origin)
+            return {"op": "add", "sample": sample.to_json(), "origin_mismatch": True}
+        runs, start = [], None
+        for i, m in enumerate([*sample.loss_mask, 0]):
+            if m and start is None:
+                start = i
+            elif not m and start is not None:
+                runs.append([start, i])
+                start = None
+        header = {k: v for k, v in sample.to_json().items() if k not in ("token_ids", "loss_mask", "logprobs")}
+        return {"op": "add", "sample": header,
+                "ref": {"offset": sources[origin.trajectory][0], "length": len(sample.token_ids), "mask": runs,
+                        "logprobs": origin.logprobs}}
 
     def _log(self, record: dict[str, Any]) -> None:
         if self.log_path is None:
@@ -405,6 +408,21 @@ class ReplayBuffer:
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def _rebuilds(traj: Trajectory, sample: Sample, origin: Origin) -> bool:
+    """Does ``traj`` give ``sample`` as ``origin`` says: its tokens the trajectory's first ones, its
+    logprobs the trajectory's, those under its loss mask, or zero?  One comparison of each list
+    (length and last token first), no search."""
+    n = len(sample.token_ids)
+    ids = traj.token_ids
+    if n > len(ids) or (n and ids[n - 1] != sample.token_ids[-1]) or ids[:n] != sample.token_ids:
+        return False
+    if origin.logprobs == "trajectory":
+        return traj.logprobs[:n] == sample.logprobs
+    if origin.logprobs == "masked":
+        return [lp if m else 0.0 for lp, m in zip(traj.logprobs[:n], sample.loss_mask)] == sample.logprobs
+    return not any(sample.logprobs)
 
 
 class _TrajectoryLines:

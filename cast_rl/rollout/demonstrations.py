@@ -20,7 +20,7 @@ from cast_rl.records import Trajectory
 from cast_rl.rollout.expert import (  # noqa: F401 - re-exported: the warm-start's expert
     ASSISTANT_TURN,
     IDENTITY_QUESTION,
-    ScriptEngine,
+    ScriptPolicy,
     expert_script,
     tool_call_text,
 )
@@ -29,8 +29,8 @@ from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 
 async def _demonstrate(cfg: CastConfig, data: DomainData, tokenizer: Any, spec: EpisodeSpec) -> Trajectory:
     task = data.task(spec.split, spec.task_index)
-    engine = ScriptEngine(tokenizer, expert_script(task, data.spec.write_tools))
-    return await EpisodeRunner(cfg, data, engine).run(spec)
+    policy = ScriptPolicy(tokenizer, expert_script(task, data.spec.write_tools))
+    return await EpisodeRunner(cfg, data, policy).run(spec)
 
 
 def collect_demonstrations(

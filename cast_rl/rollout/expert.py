@@ -1,7 +1,8 @@
 """The expert policy: plays a task's gold actions through the real episode runner.
 
-``inference.backend=expert`` makes every episode's policy an :class:`ExpertEngine` for that
-episode's task (see :meth:`cast_rl.rollout.runner.EpisodeRunner.run`): it asks the user to identify
+``inference.backend=expert`` makes every episode's policy an :class:`ExpertPolicy` for that
+episode's task (:class:`GoldExpert`, the policy :func:`cast_rl.rollout.runner.build_policy`
+maps the backend to): it asks the user to identify
 themselves, then runs the gold actions in order, proposing each write with all its arguments and
 asking for an explicit yes first (as every domain policy requires), reports back after it, tells
 the user the task's required outputs before a transfer or the closing line, and says goodbye.
@@ -10,26 +11,30 @@ again (up to ``max_asks`` times in all), after which it skips that write.  Every
 fixed gold plan, so a failure points at the user, the environment or the reward, not the policy.
 
 The expert is a policy of its own, not a model: no engine is started, and ``env.max_steps`` and
-``inference.max_model_len`` do not bind it (:func:`expert_limits`).  It still produces token ids
-(through the policy model's tokenizer, as :class:`~cast_rl.rollout.tokens.ConversationTokens`
-needs them), so its trajectories and reports are laid out exactly like a model's.  The
+``inference.max_model_len`` do not bind it (:func:`expert_limits`).  It reads the episode's
+messages (:class:`~cast_rl.rollout.policy.ScriptedPolicy`) and its turns get the policy model's
+canonical token ids, so its trajectories and reports are laid out exactly like a model's.  The
 supervised warm-start's demonstrations (:mod:`cast_rl.rollout.demonstrations`) are the same
 expert.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from cast_rl.config.schema import CastConfig
+from cast_rl.envs.core import DomainData
 from cast_rl.envs.types import RESPOND, Task, confirmation_text
 from cast_rl.inference.base import Completion, Sampling
-from cast_rl.inference.expert import ExpertPolicy as ExpertPolicy  # the engine build_engine returns
+
+# ExpertTokenizer: what build_engine returns for inference.backend=expert (re-exported)
+from cast_rl.inference.expert import ExpertTokenizer as ExpertTokenizer
+from cast_rl.rollout.episode import EpisodeSpec, EpisodeState, Policy
+from cast_rl.rollout.policy import ScriptedPolicy, chat_turns
+from cast_rl.rollout.policy import tool_call_text as tool_call_text  # re-exported: the call format
 
 IDENTITY_QUESTION = "Could you give me your email, or your first name, last name and zip code?"
 """The retail (and generated retail) identity question; the warm-start teaches this text."""
@@ -40,8 +45,6 @@ IDENTITY_QUESTIONS = {
     "telehealth": "Could you give me your email, or your full name and date of birth?",
 }
 ASSISTANT_TURN = "<|im_start|>assistant\n"
-_USER_TURN = "<|im_start|>user\n"
-_END = "<|im_end|>"
 _YES = re.compile(
     r"^\W*(yes|yeah|yep|sure|ok|okay|correct|confirm(ed)?)\b|\b(go ahead|please do|please proceed|do it)\b"
 )
@@ -49,12 +52,6 @@ _NO = re.compile(r"^\W*(no|nope|not)\b|\b(don't|do not|wait|hold on)\b")
 EXPERT_STEP_LIMIT = 100
 """Action limit of expert episodes: twice the longest plan with every confirmation asked three
 times (51 actions, over the four domains' splits)."""
-
-
-def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
-    """A tool call exactly as the chat template renders it."""
-    payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    return f"<tool_call>\n{payload}\n</tool_call>"
 
 
 @dataclass(frozen=True)
@@ -106,39 +103,21 @@ def is_affirmative(reply: str) -> bool:
     return bool(_YES.search(text)) and not _NO.search(text)
 
 
-def _encode(tokenizer: Any, body: str, eos: int) -> Completion:
-    ids = [*tokenizer(body, add_special_tokens=False).input_ids, eos]
-    return Completion(text=body, token_ids=ids, logprobs=[0.0] * len(ids))
-
-
-class ScriptEngine:
-    """An engine that answers the n-th policy turn of a prompt with ``turns[n]`` (canonical ids)."""
-
-    writes_real_ids = True
-    """It reads and writes real identifiers (see :mod:`cast_rl.models.aliases`)."""
+class ScriptPolicy(ScriptedPolicy):
+    """A policy that answers the n-th policy turn of an episode with ``turns[n]`` (the last one
+    from then on)."""
 
     def __init__(self, tokenizer: Any, turns: list[str]) -> None:
         self.tokenizer = tokenizer
         self.turns = turns
-        self._eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
 
-    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
-        text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        n = text.count(ASSISTANT_TURN) - 1
-        return _encode(self.tokenizer, self.turns[min(n, len(self.turns) - 1)], self._eos)
-
-    async def chat(self, messages, sampling, tools=None):
-        raise NotImplementedError("ScriptEngine only serves token prompts")
-
-    async def close(self) -> None:
-        return None
+    def decide(self, messages: list[dict[str, Any]]) -> str:
+        n = sum(1 for m in messages if m["role"] == "assistant")
+        return self.turns[min(n, len(self.turns) - 1)]
 
 
-class ExpertEngine:
+class ExpertPolicy(ScriptedPolicy):
     """One episode's expert: its plan, and how far it got (see the module docstring)."""
-
-    writes_real_ids = True
-    """It reads and writes real identifiers (see :mod:`cast_rl.models.aliases`)."""
 
     def __init__(self, tokenizer: Any, plan: list[ExpertTurn], max_asks: int = 3) -> None:
         if max_asks < 1:
@@ -151,15 +130,9 @@ class ExpertEngine:
         self.asks = 0
         """Times the pending confirmation question has been asked."""
         self.skipped_writes = 0
-        self._eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
 
-    def _last_user_text(self, prompt_ids: list[int]) -> str:
-        text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        start = text.rfind(_USER_TURN)
-        if start < 0:
-            return ""
-        body = text[start + len(_USER_TURN):]
-        return body.split(_END, 1)[0]
+    def decide(self, messages: list[dict[str, Any]]) -> str:
+        return self.next_turn(_last_user_text(messages) if self.asks else "")
 
     def next_turn(self, last_reply: str) -> str:
         """The next turn's text, given the last message the policy received."""
@@ -191,25 +164,39 @@ class ExpertEngine:
             self.position += 1
         return turn.text
 
-    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
-        body = self.next_turn(self._last_user_text(prompt_ids) if self.asks else "")
-        return _encode(self.tokenizer, body, self._eos)
 
-    async def chat(self, messages, sampling, tools=None):
-        raise NotImplementedError("the expert only serves token prompts")
-
-    def fork(self) -> ExpertEngine:
-        """A copy with its own progress (a counterfactual branch continues from it)."""
-        return copy.copy(self)
-
-    async def close(self) -> None:
-        return None
+def _last_user_text(messages: list[dict[str, Any]]) -> str:
+    """The text of the last user turn the chat template writes (a user's or critic's message, or
+    the tool results of one step); empty when there is none."""
+    users = [text for role, text, _ in chat_turns(messages) if role == "user"]
+    return users[-1] if users else ""
 
 
-def expert_engine(tokenizer: Any, task: Task, spec: Any) -> ExpertEngine:
+class GoldExpert:
+    """``inference.backend=expert``: each episode is played by the gold-plan expert of its task
+    (:func:`expert_policy`), and the run's step and context limits are lifted
+    (:func:`expert_limits`).  Only the policy model's tokenizer is needed."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    async def act(self, state: EpisodeState, sampling: Sampling) -> Completion:
+        raise RuntimeError("GoldExpert plays per episode: for_episode gives the task's ExpertPolicy")
+
+    def for_episode(self, data: DomainData, spec: EpisodeSpec) -> Policy:
+        return expert_policy(self.tokenizer, data.task(spec.split, spec.task_index), data.spec)
+
+    def fork(self) -> Policy:
+        return self
+
+    def limits(self, cfg: CastConfig) -> CastConfig:
+        return expert_limits(cfg)
+
+
+def expert_policy(tokenizer: Any, task: Task, spec: Any) -> ExpertPolicy:
     """The expert for one episode of ``task`` in the domain ``spec`` (a DomainSpec)."""
     question = IDENTITY_QUESTIONS.get(spec.name, IDENTITY_QUESTION)
-    return ExpertEngine(tokenizer, expert_plan(task, spec.write_tools, spec.terminate_tools, question))
+    return ExpertPolicy(tokenizer, expert_plan(task, spec.write_tools, spec.terminate_tools, question))
 
 
 def expert_limits(cfg: CastConfig) -> CastConfig:

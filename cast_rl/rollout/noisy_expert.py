@@ -15,8 +15,8 @@ policy inherits the mistakes CAST exists to catch and the critic has real errors
 
 Each episode draws at most one error (probability ``error_rate``, kind uniformly from
 ``error_kinds``) from a seed derived from the episode, so a trial replays identically.  The
-teacher is reactive: every turn it reads the conversation from the prompt (which gold actions
-ran without an error, what the user last said, whether a critic just rejected a proposal) and
+teacher is reactive: every turn it reads the episode's messages (which gold actions ran without
+an error, what the user last said, whether a critic just rejected a proposal) and
 takes the next step of the task's gold actions, asking the user for identity, for a missing
 cancel reason and for confirmation as the policy requires.  Unlike the gold-plan expert
 (:mod:`cast_rl.rollout.expert`, whose identity question and call format it shares) it never
@@ -33,13 +33,15 @@ other rejected step has no alternative and is proposed again.  This is how a cri
 positives harm outcomes (:mod:`cast_rl.eval.net_benefit` measures it); the default teacher,
 which repeats a step it knows is right, is immune to them.
 
-The engine speaks token ids like a real one (:class:`~cast_rl.inference.base.InferenceEngine`):
-it decodes the prompt, decides, and returns the canonical token ids of its turn.
+It is a :class:`~cast_rl.rollout.policy.ScriptedPolicy`: it reads the messages turn by turn as
+the chat template writes them (:func:`~cast_rl.rollout.policy.chat_turns`), decides, and its turn
+gets the policy tokenizer's canonical ids.
 """
 
 from __future__ import annotations
 
-import copy
+import asyncio
+import dataclasses
 import json
 import random
 import re
@@ -47,17 +49,17 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from cast_rl.critique.verifier import RuleVerifier
 from cast_rl.envs.types import RESPOND, Action, Task
-from cast_rl.inference.base import Completion, Sampling
-from cast_rl.rollout.expert import IDENTITY_QUESTION, tool_call_text
+from cast_rl.rollout.expert import IDENTITY_QUESTION
+from cast_rl.rollout.policy import ScriptedPolicy, chat_turns, tool_call_text
+from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 
 ERROR_KINDS = ("missing_confirmation", "wrong_argument", "fabricated_id")
 REASON_QUESTION = "What is the reason for the cancellation: no longer needed or ordered by mistake?"
 DONE = "Done. Is there anything else I can help you with?"
 GOODBYE = "Thank you. Goodbye."
-_TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.S)
 _CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
-_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
 _CRITIQUE = "VERDICT: invalid"
 _OTHER_REASON = {"no longer needed": "ordered by mistake", "ordered by mistake": "no longer needed"}
 
@@ -77,11 +79,11 @@ def episode_seed(seed: int, key: tuple[str, int, int]) -> int:
 def episode_teacher(
     tokenizer: Any, data: Any, key: tuple[str, int, int], seed: int, error_rate: float,
     error_kinds: tuple[str, ...], defers: bool = False,
-) -> NoisyExpertEngine:
+) -> NoisyExpertPolicy:
     """The noisy teacher of the episode ``key`` (split, task index, trial): its error, if any,
     drawn from the episode's seed, so a rerun or a branch of the episode makes the same one."""
     error = draw_error(episode_seed(seed, key), error_rate, error_kinds)
-    return NoisyExpertEngine(tokenizer, data.task(key[0], key[1]), data.spec.write_tools, error, defers=defers)
+    return NoisyExpertPolicy(tokenizer, data.task(key[0], key[1]), data.spec.write_tools, error, defers=defers)
 
 
 @dataclass
@@ -102,11 +104,8 @@ class _Seen:
     (a proposal a critic rejected since then does not count as a reply)."""
 
 
-class NoisyExpertEngine:
+class NoisyExpertPolicy(ScriptedPolicy):
     """One episode's teacher: the next step of ``task``'s gold actions, with one drawn error."""
-
-    writes_real_ids = True
-    """It reads and writes real identifiers (see :mod:`cast_rl.models.aliases`)."""
 
     def __init__(
         self, tokenizer: Any, task: Task, write_tools: frozenset[str], error: str | None, defers: bool = False,
@@ -119,29 +118,16 @@ class NoisyExpertEngine:
         self.error = error
         self.defers = defers
         self.made_error = False
-        self._eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
         self._gold = [a for a in task.actions if a.name != RESPOND]
-
-    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
-        body = self.next_turn(self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
-        ids = [*self.tokenizer(body, add_special_tokens=False).input_ids, self._eos]
-        return Completion(text=body, token_ids=ids, logprobs=[0.0] * len(ids))
-
-    async def chat(self, messages, sampling, tools=None):  # noqa: ANN001, ANN201
-        raise NotImplementedError("NoisyExpertEngine only serves token prompts")
-
-    def fork(self) -> NoisyExpertEngine:
-        """A copy with its own progress (a counterfactual branch continues from it)."""
-        return copy.copy(self)
-
-    async def close(self) -> None:
-        return None
 
     # ------------------------------------------------------------------ the policy
 
-    def next_turn(self, prompt: str) -> str:
-        seen = self._read(prompt)
-        body = self._step(prompt, seen)
+    def decide(self, messages: list[dict[str, Any]]) -> str:
+        return self.next_turn(messages)
+
+    def next_turn(self, messages: list[dict[str, Any]]) -> str:
+        seen = self._read(messages)
+        body = self._step(messages, seen)
         if self.defers and body in seen.rejected:
             body = next((alt for alt in self._alternatives(body) if alt not in seen.rejected), body)
         return body
@@ -157,8 +143,8 @@ class NoisyExpertEngine:
         kwargs["reason"] = _OTHER_REASON[kwargs["reason"]]
         return [tool_call_text("cancel_pending_order", kwargs)]
 
-    def _step(self, prompt: str, seen: _Seen) -> str:
-        if seen.last_role == "system" or (seen.last_role == "user" and seen.done == 0 and not self._asked_identity(prompt)):
+    def _step(self, messages: list[dict[str, Any]], seen: _Seen) -> str:
+        if seen.last_role == "system" or (seen.last_role == "user" and seen.done == 0 and not _asked_identity(messages)):
             return IDENTITY_QUESTION
         if seen.done >= len(self._gold):
             return DONE if seen.last_role == "tool" else GOODBYE
@@ -198,15 +184,15 @@ class NoisyExpertEngine:
                 return wrong
         return tool_call_text(action.name, action.kwargs)
 
-    # ------------------------------------------------------------------ reading the prompt
+    # ------------------------------------------------------------------ reading the messages
 
-    def _read(self, prompt: str) -> _Seen:
+    def _read(self, messages: list[dict[str, Any]]) -> _Seen:
         done, last_role, last_text = 0, "system", ""
         asked_reason = critiqued = False
         rejected: list[str] = []
         pending: str | None = None  # the tool name of the assistant's last call
         confirm_question, confirmed, before = "", "", ("", "")
-        for role, text in _TURN.findall(prompt):
+        for role, text, responses in chat_turns(messages):
             if role == "assistant":
                 calls = _CALL.findall(text)
                 pending = json.loads(calls[0]).get("name") if calls else None
@@ -216,7 +202,6 @@ class NoisyExpertEngine:
                     confirm_question = text if text.startswith("I will ") else confirm_question
                 last_role, last_text, critiqued, confirmed = "assistant", text, False, ""
                 continue
-            responses = _RESPONSE.findall(text)
             if responses:
                 ok = pending is not None and not responses[0].startswith("Error")
                 rejected = []
@@ -235,9 +220,9 @@ class NoisyExpertEngine:
                 last_role, last_text, critiqued, rejected = "user", text, False, []
         return _Seen(done, last_role, last_text, critiqued, rejected, asked_reason, confirmed)
 
-    @staticmethod
-    def _asked_identity(prompt: str) -> bool:
-        return IDENTITY_QUESTION in prompt
+
+def _asked_identity(messages: list[dict[str, Any]]) -> bool:
+    return any(IDENTITY_QUESTION in (m.get("content") or "") for m in messages)
 
 
 def _details(action: Action) -> str:
@@ -266,23 +251,17 @@ def collect_noisy_demonstrations(
     corrected step; the rest show the teacher's errors unchecked.  Each trajectory's ``info``
     records ``teacher_error`` (the drawn kind or None) and whether the critic was on.
     """
-    import asyncio
-    import dataclasses
-
-    from cast_rl.critique.verifier import RuleVerifier
-    from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
-
     specs = [EpisodeSpec(split, i, t) for i in range(len(data.tasks(split))) for t in range(trials)]
     checked = dataclasses.replace(cfg, critic=dataclasses.replace(cfg.critic, verification_budget=1))
     verifier = RuleVerifier({data.spec.name: data.tools})
 
     async def one(spec: EpisodeSpec) -> Any:
-        engine = episode_teacher(tokenizer, data, spec.key, cfg.seed, error_rate, error_kinds)
+        teacher = episode_teacher(tokenizer, data, spec.key, cfg.seed, error_rate, error_kinds)
         with_critic = random.Random(episode_seed(cfg.seed, spec.key) + 1).random() < critic_share
-        runner = EpisodeRunner(checked if with_critic else cfg, data, engine, verifier if with_critic else None)
+        runner = EpisodeRunner(checked if with_critic else cfg, data, teacher, verifier if with_critic else None)
         traj = await runner.run(spec)
         traj.policy_version = -1  # not produced by any policy version
-        traj.info.update(demonstration=True, teacher_error=engine.error, teacher_critic=with_critic)
+        traj.info.update(demonstration=True, teacher_error=teacher.error, teacher_critic=with_critic)
         return traj
 
     async def run_all() -> list[Any]:

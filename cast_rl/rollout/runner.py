@@ -1,4 +1,4 @@
-"""The episode runner: many multi-turn episodes in flight over one inference engine.
+"""The episode runner: many multi-turn episodes in flight, played by one policy.
 
 Each episode alternates policy turns, tool executions and user-simulator turns until the user
 says ``###STOP###``, a terminate tool runs, or ``env.max_steps`` actions were taken.  Episodes
@@ -12,22 +12,27 @@ With a :class:`~cast_rl.critique.verifier.Verifier` and ``critic.verification_bu
 each proposed action is critiqued before it runs; an ``invalid`` critique is shown to the policy
 (a ``user`` message named ``critic``), which proposes again, up to B times.  Every round is
 recorded and only the final action executes.
+
+The runner knows no kind of policy: :func:`build_policy` turns what it is given (an inference
+engine, or a :class:`~cast_rl.rollout.episode.Policy` such as a scripted expert) into the policy
+once, and every turn is that policy's :meth:`~cast_rl.rollout.episode.Policy.act`.  Tree rollouts
+(:mod:`cast_rl.rollout.tree`) and replays of recorded trajectories (:mod:`cast_rl.rollout.replay`)
+build on the same loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any
 
 from cast_rl.config.schema import CastConfig
 from cast_rl.critique.service import CriticUnavailable
+from cast_rl.critique.verifier import VerifyRequest
 from cast_rl.envs.core import DomainData, Episode, StepTimeout
 from cast_rl.envs.types import RESPOND, Action
 from cast_rl.envs.users import build_user
@@ -40,24 +45,21 @@ from cast_rl.inference.base import (
 )
 from cast_rl.models.aliases import EntityAliases
 from cast_rl.records import CRITIC_NAME, PolicyTurn, Trajectory, VerificationRound
+from cast_rl.rollout.episode import EpisodeSpec, EpisodeState, Policy
+from cast_rl.rollout.expert import GoldExpert
+from cast_rl.rollout.policy import ModelPolicy, action_text
+from cast_rl.rollout.replay import ReplayDiverged, replay
 from cast_rl.rollout.tokens import ConversationTokens
+from cast_rl.rollout.tree import run_tree, tree_points
+
+__all__ = [
+    "MALFORMED_HINT", "POLICY_BACKENDS", "EpisodeRunner", "EpisodeSpec", "EpisodeState", "Policy",
+    "ReplayDiverged", "RunnerStats", "build_policy", "tree_points",
+]
 
 logger = logging.getLogger(__name__)
 
 MALFORMED_HINT = 'Write exactly one call as <tool_call>{"name": ..., "arguments": {...}}</tool_call>.'
-
-
-@dataclass(frozen=True)
-class EpisodeSpec:
-    """Which episode to run: a task of a split, and the trial number."""
-
-    split: str
-    task_index: int
-    trial: int
-
-    @property
-    def key(self) -> tuple[str, int, int]:
-        return (self.split, self.task_index, self.trial)
 
 
 @dataclass
@@ -86,60 +88,41 @@ class RunnerStats:
         self.terminations[termination] = self.terminations.get(termination, 0) + 1
 
 
-@dataclass
-class EpisodeState:
-    """An episode between two steps: the environment and user, the policy's engine, the token
-    conversation and everything recorded so far.  At a decision point (``on_decision`` of
-    :meth:`EpisodeRunner.run`) it is the exact state before the policy's next turn; :meth:`fork`
-    copies it in microseconds (copy-on-write database, copied user state) so that any number of
-    continuations can start there."""
+POLICY_BACKENDS: dict[str, Callable[[Any], Policy]] = {
+    "expert": lambda engine: GoldExpert(engine.tokenizer),
+}
+"""The ``inference.backend`` values whose engine only carries a tokenizer to a policy of their own
+(every other backend's engine is the model: :class:`~cast_rl.rollout.policy.ModelPolicy`)."""
 
-    spec: EpisodeSpec
-    episode: Episode
-    engine: Any
-    conv: ConversationTokens
-    sampling: Sampling
-    versions: set[int]
-    rounds: list[VerificationRound] = field(default_factory=list)
-    turns: list[PolicyTurn] = field(default_factory=list)
-    steps: int = 0
-    """Actions taken (tool calls, messages to the user, malformed turns)."""
-    round_index: int = 0
-    """Critique rounds spent on the pending decision."""
-    reward: float = 0.0
-    termination: str = "max_steps"
-    started: float = field(default_factory=time.perf_counter)
 
-    @property
-    def message_index(self) -> int:
-        """Index the policy's next message will have."""
-        return len(self.conv.messages)
-
-    def fork(self) -> EpisodeState:
-        """An independent copy: steps on either side are invisible to the other."""
-        fork_engine = getattr(self.engine, "fork", None)
-        return replace(
-            self, episode=self.episode.fork(), engine=fork_engine() if fork_engine else self.engine,
-            conv=self.conv.fork(), versions=set(self.versions),
-            rounds=[replace(r) for r in self.rounds], turns=[replace(t) for t in self.turns],
-        )
+def build_policy(cfg: CastConfig, engine: InferenceEngine | Policy) -> Policy:
+    """The policy a runner plays with: ``engine`` itself when it is a policy (a scripted expert,
+    the teacher, a replay), else the policy ``inference.backend`` names for the engine."""
+    if isinstance(engine, Policy):
+        return engine
+    return POLICY_BACKENDS.get(cfg.inference.backend, ModelPolicy)(engine)
 
 
 class EpisodeRunner:
-    """Runs episodes of one domain against one engine (plus an optional verifier)."""
+    """Runs episodes of one domain with one policy (plus an optional verifier).
+
+    ``engine`` is an inference engine or a :class:`~cast_rl.rollout.episode.Policy`
+    (:func:`build_policy`); it stays as given in :attr:`engine`, and :attr:`policy` plays.
+    """
 
     def __init__(
         self,
         cfg: CastConfig,
         data: DomainData,
-        engine: InferenceEngine,
+        engine: InferenceEngine | Policy,
         verifier: Any = None,
         policy_version: Callable[[], int] = lambda: 0,
         user_complete: Any = None,
     ) -> None:
+        self.engine = engine
+        self.policy = build_policy(cfg, engine)
         self.cfg = cfg
         self.data = data
-        self.engine = engine
         self.verifier = verifier
         self.budget = cfg.critic.verification_budget if verifier is not None else 0
         self.policy_version = policy_version
@@ -154,17 +137,17 @@ class EpisodeRunner:
 
     @property
     def cfg(self) -> CastConfig:
-        """The run's config; with ``inference.backend=expert`` its step and context limits are
-        lifted (they bind a model, not the expert; see :mod:`cast_rl.rollout.expert`)."""
+        """The run's config, with the policy's step and context limits
+        (:meth:`~cast_rl.rollout.episode.Policy.limits`: the gold-plan expert lifts them)."""
         return self._cfg
 
     @cfg.setter
     def cfg(self, cfg: CastConfig) -> None:
-        if cfg.inference.backend == "expert":
-            from cast_rl.rollout.expert import expert_limits
+        self._cfg = self.policy.limits(cfg)
 
-            cfg = expert_limits(cfg)
-        self._cfg = cfg
+    def with_policy(self, policy: Policy, verifier: Any = None) -> EpisodeRunner:
+        """A runner of the same run (config, domain, user, versions) played by ``policy``."""
+        return EpisodeRunner(self.cfg, self.data, policy, verifier, self.policy_version, self.user_complete)
 
     async def run_many(
         self,
@@ -200,14 +183,14 @@ class EpisodeRunner:
         # A per-episode seed: reruns of a crashed worker's episodes sample the same way.
         seed = zlib.crc32(repr((self.cfg.seed, spec.key)).encode()) & 0x7FFFFFFF
         user = build_user(self.cfg.user, self.user_complete, seed=seed)
-        engine = self._episode_engine(spec)
+        policy = self.policy.for_episode(self.data, spec)
         episode = Episode(
             self.data, spec.split, spec.task_index, user, self.cfg.env.max_steps,
             self.cfg.env.tool_timeout_s,
         )
         return EpisodeState(
-            spec=spec, episode=episode, engine=engine,
-            conv=ConversationTokens(engine.tokenizer, self.data.tools, self.aliases, self.cfg.inference.thinking),
+            spec=spec, episode=episode, policy=policy,
+            conv=ConversationTokens(policy.tokenizer, self.data.tools, self.aliases, self.cfg.inference.thinking),
             sampling=replace(self.sampling, seed=seed), versions={self.policy_version()},
         )
 
@@ -236,11 +219,11 @@ class EpisodeRunner:
     async def _substitute(self, state: EpisodeState, action: Action) -> bool:
         """Put ``action`` in the policy's place at ``state``'s decision point and run it
         unchecked; True when that ended the episode."""
-        ids = self._substitute_ids(state.conv, action)
-        if len(state.conv) + len(ids) > self.cfg.inference.max_model_len:
+        turn = state.conv.encode_turn(action_text(action))  # its canonical ids, end token included
+        if len(state.conv) + len(turn.token_ids) > self.cfg.inference.max_model_len:
             state.termination = "context_overflow"
             return True
-        message, _ = state.conv.add_policy_turn(Completion(text="", token_ids=ids, logprobs=[0.0] * len(ids)))
+        message, _ = state.conv.add_policy_turn(Completion(text="", token_ids=turn.token_ids, logprobs=turn.logprobs))
         start, end = state.conv.last_span
         state.conv.loss_mask[start:end] = [0] * (end - start)  # not the policy's sample
         state.conv.policy_tokens -= end - start
@@ -251,70 +234,14 @@ class EpisodeRunner:
 
     async def run_tree(self, spec: EpisodeSpec, branches: int, points: str) -> list[Trajectory]:
         """An episode and ``branches - 1`` more continuations from each of its decision points
-        named by ``points`` (writes, flagged, all: see :func:`tree_points`), root first.
-
-        The root's ``info["tree"]`` lists the points; each continuation's names its ``point``,
-        ``branch`` (1..K-1) and ``env_steps`` (actions after the point: what it cost beyond the
-        shared prefix).  Continuations sample with seeds of their own, so a stochastic policy
-        explores from the very state the root was in.
-        """
-        snapshots: dict[int, EpisodeState] = {}
-        root = await self.run(spec, on_decision=partial(_keep_first, snapshots))
-        chosen = [p for p in tree_points(root, points, self.data.spec.write_tools) if p in snapshots]
-        root.info["tree"] = {"points": chosen, "env_steps": env_steps(root)}
-
-        async def grow(point: int, branch: int) -> Trajectory:
-            seed = zlib.crc32(repr(("tree", self.cfg.seed, spec.key, point, branch)).encode()) & 0x7FFFFFFF
-            state = snapshots[point]
-            traj = await self.continue_from(state, seed=seed)
-            traj.info["tree"] = {"point": point, "branch": branch,
-                                 "env_steps": env_steps(traj) - state.steps}
-            return traj
-
-        grown = await asyncio.gather(*(grow(p, b) for p in chosen for b in range(1, branches)))
-        return [root, *grown]
+        named by ``points``, root first (:func:`cast_rl.rollout.tree.run_tree`)."""
+        return await run_tree(self, spec, branches, points)
 
     async def replay(self, traj: Trajectory, message_index: int) -> EpisodeState:
-        """Reset ``traj``'s episode and replay its recorded prefix up to the decision point that
-        produced ``messages[message_index]`` (an assistant message): the slow way to the state
-        that a snapshot's :meth:`EpisodeState.fork` gives at once.
-
-        The recorded policy turns (their exact token ids) and critiques are fed back through the
-        same loop that ran the episode, so tools, the user and the token bookkeeping act as they
-        did.  Raises :class:`ReplayDiverged` when the environment or the user answers otherwise
-        (a user that is not deterministic for the episode's seed).  A stateful per-episode engine
-        (the gold-plan expert) starts fresh.
-        """
-        if not (0 < message_index < len(traj.messages)) or traj.messages[message_index]["role"] != "assistant":
-            raise ValueError(f"message_index={message_index} is not an assistant message of the trajectory")
-        if not traj.turns:
-            raise ValueError("the trajectory has no recorded turns (written before turns were recorded); "
-                             "it cannot be replayed")
-        spec = EpisodeSpec(traj.split, traj.task_index, traj.trial)
-        recorded = _Recorded(traj, self.engine.tokenizer if self.engine is not None else None)
-        runner = EpisodeRunner(self.cfg, self.data, recorded, recorded if recorded.checked else None,
-                               self.policy_version, self.user_complete)
-        if recorded.checked:  # every recorded critique is served, an unchecked turn stays so
-            runner.budget = 1 << 30
-        state = runner.new_state(spec)
-        state.engine = recorded
-        reached: list[EpisodeState] = []
-
-        def stop_at(s: EpisodeState) -> None:
-            if len(s.conv.messages) == message_index:
-                reached.append(s)
-                raise _Reached
-
-        with contextlib.suppress(_Reached):
-            await runner._advance(state, stop_at, reset=True)
-        if not reached:
-            raise ReplayDiverged(f"episode {spec.key}: the replay ended ({state.termination}) before message {message_index}")
-        if state.conv.messages != traj.messages[:message_index]:
-            first = next(i for i, (a, b) in enumerate(zip(state.conv.messages, traj.messages)) if a != b)
-            raise ReplayDiverged(f"episode {spec.key}: message {first} differs on replay "
-                                 f"({state.conv.messages[first]!r} != {traj.messages[first]!r})")
-        state.engine = self._episode_engine(spec)
-        return state
+        """The state at the decision point that produced ``traj.messages[message_index]``,
+        reached by replaying ``traj``'s recorded prefix (:func:`cast_rl.rollout.replay.replay`);
+        raises :class:`ReplayDiverged` when the episode answers otherwise."""
+        return await replay(self, traj, message_index)
 
     async def _advance(
         self, state: EpisodeState, on_decision: Callable[[EpisodeState], None] | None = None, reset: bool = False,
@@ -382,29 +309,12 @@ class EpisodeRunner:
             )
         return bool(result.done)
 
-    def _substitute_ids(self, conv: ConversationTokens, action: Action) -> list[int]:
-        """The canonical token ids of ``action`` written as a policy turn (end token included)."""
-        from cast_rl.rollout.expert import tool_call_text
-
-        text = action.kwargs.get("content", "") if action.name == RESPOND else tool_call_text(action.name, action.kwargs)
-        text = conv.policy_text(text)
-        tok = conv.tokenizer
-        return [*tok(text, add_special_tokens=False).input_ids, tok.convert_tokens_to_ids(tok.eos_token)]
-
     @staticmethod
     def _note_revision(state: EpisodeState, action: Action | str) -> None:
         """A turn that follows a rejected proposal is that proposal's revision."""
         rounds = state.rounds
         if rounds and rounds[-1].revision is None and rounds[-1].message_index < len(state.conv.messages) - 1:
             rounds[-1].revision = action.to_json() if isinstance(action, Action) else {"malformed": action}
-
-    def _episode_engine(self, spec: EpisodeSpec) -> Any:
-        """The engine serving one episode: the shared one, or the task's own expert."""
-        if self.cfg.inference.backend != "expert":
-            return self.engine
-        from cast_rl.rollout.expert import expert_engine
-
-        return expert_engine(self.engine.tokenizer, self.data.task(spec.split, spec.task_index), self.data.spec)
 
     async def _propose(self, state: EpisodeState, on_decision: Callable[[EpisodeState], None] | None):
         """Generate an action, running critique-revise rounds; returns (action, message).
@@ -444,11 +354,8 @@ class EpisodeRunner:
 
     @staticmethod
     async def _generate(state: EpisodeState) -> Completion:
-        """The engine's next turn.  A scripted teacher (``writes_real_ids``) reads the prompt
-        with real identifiers, and its turn is written as the policy would write it (aliases);
-        a model teacher (``reads_messages``, :mod:`cast_rl.rollout.teacher`) reads the messages
-        through its own chat template, and its text becomes the policy tokenizer's ids."""
-        conv, engine = state.conv, state.engine
+        """The policy's next turn, sampled with the turn's own seed."""
+        conv = state.conv
         sampling = state.sampling
         if sampling.seed is not None:
             # a seed per turn, from the episode's and the conversation's length: a revision after
@@ -456,15 +363,9 @@ class EpisodeRunner:
             # configuration and rerun (configurations compare on common random numbers)
             sampling = replace(sampling, seed=zlib.crc32(repr((sampling.seed, len(conv.messages))).encode())
                                & 0x7FFFFFFF)
-        if getattr(engine, "reads_messages", False):
-            return conv.encode_turn((await engine.chat(conv.messages, sampling, conv.tools)).text)
-        if conv.aliases is None or not getattr(engine, "writes_real_ids", False):
-            return await engine.generate(conv.token_ids, sampling)
-        return conv.encode_turn((await engine.generate(conv.env_prompt_ids(), sampling)).text)
+        return await state.policy.act(state, sampling)
 
-    def _request(self, conv: ConversationTokens, action: Action):  # noqa: ANN202
-        from cast_rl.critique.verifier import VerifyRequest
-
+    def _request(self, conv: ConversationTokens, action: Action) -> VerifyRequest:
         return VerifyRequest(
             domain=self.data.spec.name, policy=self.data.policy,
             messages=[dict(m) for m in conv.messages[:-1]], proposal=action.to_json(),
@@ -487,76 +388,6 @@ class EpisodeRunner:
         )
         self.stats.add(traj)
         return traj
-
-
-def _keep_first(snapshots: dict[int, EpisodeState], state: EpisodeState) -> None:
-    if state.message_index not in snapshots:
-        snapshots[state.message_index] = state.fork()
-
-
-def env_steps(traj: Trajectory) -> int:
-    """Actions the episode took (tool calls, replies, malformed turns): its environment steps."""
-    return sum(1 for t in traj.turns if t.executed)
-
-
-def tree_points(traj: Trajectory, points: str, write_tools: frozenset[str] | set[str]) -> list[int]:
-    """Message indices of the decision points to branch from: before each write that ran
-    (``writes``), before each decision whose first proposal the critic rejected (``flagged``),
-    or before every turn that ran (``all``)."""
-    turns = traj.turns
-    if points == "writes":
-        return [t.message_index for t in turns if t.executed and t.action and t.action["name"] in write_tools]
-    if points == "flagged":
-        out, previous_rejected = [], False
-        for t in turns:
-            if not t.executed and not previous_rejected:
-                out.append(t.message_index)
-            previous_rejected = not t.executed
-        return out
-    if points == "all":
-        return [t.message_index for t in turns if t.executed]
-    raise ValueError(f"tree points {points!r} is not allowed; choose writes, flagged or all")
-
-
-class ReplayDiverged(RuntimeError):
-    """A replayed prefix did not reproduce the recorded episode."""
-
-
-class _Reached(Exception):
-    """The replay reached its decision point."""
-
-
-class _Recorded:
-    """Engine and verifier in one: answers a replay with a trajectory's recorded turns and
-    critiques, turn by turn (see :meth:`EpisodeRunner.replay`)."""
-
-    def __init__(self, traj: Trajectory, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self._traj = traj
-        self._turns = traj.turns
-        self._rejections = iter(r.critique for r in traj.verification_rounds)
-        self._next = 0
-        self.checked = any(t.verdict is not None for t in self._turns)
-
-    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
-        if self._next >= len(self._turns):
-            raise ReplayDiverged("the replay asked for more policy turns than were recorded")
-        t = self._turns[self._next]
-        self._next += 1
-        return Completion(text="", token_ids=self._traj.token_ids[t.start:t.end],
-                          logprobs=self._traj.logprobs[t.start:t.end])
-
-    async def verify(self, requests: list[Any]) -> list[Any]:
-        """The recorded critique of the turn just served; a turn the critic never saw gets a
-        verdict of None, which the runner treats as unchecked."""
-        from cast_rl.critique.verifier import Critique
-
-        t = self._turns[self._next - 1]
-        if t.verdict is None:
-            return [Critique(verdict=None, error_type=None)]  # type: ignore[arg-type]
-        if t.executed:
-            return [Critique(verdict=t.verdict, error_type=t.error_type or "none")]
-        return [Critique(**next(self._rejections))]
 
 
 def _to_action(parsed: Any) -> Action | str:

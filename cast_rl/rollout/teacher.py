@@ -7,8 +7,8 @@ of its own (``actors.rollout_group.RolloutGroup(kind="teacher")``, each asking R
 ``teacher.num_gpus``), never in the driver.
 
 The teacher may not share the policy's tokenizer, so it never sees or writes policy token ids:
-:class:`TeacherPolicy` reads the conversation's messages through the teacher's own chat template
-(``reads_messages``), and the episode runner writes its answer as the policy's canonical ids
+:class:`TeacherPolicy` (a :class:`~cast_rl.rollout.episode.Policy`) sends the episode's messages
+through the teacher's own chat template, and writes its answer as the policy's canonical ids
 (:meth:`cast_rl.rollout.tokens.ConversationTokens.encode_turn`, the path the scripted
 demonstrations take too).  A trajectory is therefore laid out exactly like a policy rollout
 (messages, the policy's ``token_ids`` and ``loss_mask``; zero logprobs, ``policy_version`` -1),
@@ -33,6 +33,8 @@ from cast_rl.config.schema import CastConfig
 from cast_rl.critique.teacher import build_teacher_engine
 from cast_rl.inference.base import Completion, Sampling
 from cast_rl.records import Trajectory
+from cast_rl.rollout.episode import EpisodeState
+from cast_rl.rollout.policy import ModelPolicy
 
 REACT_NOTE = (
     "Before each action (a reply to the user or a tool call), think first: write one or two short "
@@ -71,22 +73,20 @@ def react_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"role": "system", "content": REACT_NOTE}, *messages]
 
 
-class TeacherPolicy:
-    """The engine a teacher rollout worker plays episodes with (see the module docstring).
+class TeacherPolicy(ModelPolicy):
+    """The policy a teacher rollout worker plays episodes with (see the module docstring).
 
     ``tokenizer`` is the policy's (the runner keeps the conversation's ids with it); ``engine``
-    serves the teacher model and is asked by messages only.
+    serves the teacher model and is asked by messages (real identifiers) only.
     """
-
-    reads_messages = True
-    """The runner asks :meth:`chat` with the conversation's messages, never token ids."""
-    writes_real_ids = True
-    """It reads and writes real identifiers (see :mod:`cast_rl.models.aliases`)."""
 
     def __init__(self, engine: Any, tokenizer: Any, react: bool = True) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.react = react
+
+    async def act(self, state: EpisodeState, sampling: Sampling) -> Completion:
+        return state.conv.encode_turn((await self.chat(state.messages, sampling, state.conv.tools)).text)
 
     async def chat(
         self, messages: list[dict[str, Any]], sampling: Sampling, tools: list[dict[str, Any]] | None = None
@@ -95,9 +95,6 @@ class TeacherPolicy:
             messages = react_messages(messages)
         # the teacher's logprobs are of its own tokens: nothing the policy's learner can use
         return await self.engine.chat(messages, dataclasses.replace(sampling, logprobs=False), tools)
-
-    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Completion:
-        raise NotImplementedError("the teacher reads messages (its own tokenizer), not the policy's token ids")
 
     async def close(self) -> None:
         await self.engine.close()

@@ -20,8 +20,9 @@ says whether that held (it is reported as a rollout metric, never silently assum
 With ``aliases`` (:mod:`cast_rl.models.aliases`) the conversation is rendered as the policy sees
 it, identifiers replaced by per-conversation aliases, while ``messages`` keep the real ones: the
 policy's turns are mapped back before they are parsed (a turn with an alias the table cannot map
-back parses as malformed, so it runs nothing), and :meth:`policy_text` / :meth:`env_prompt_ids`
-serve engines that write real identifiers (the scripted teachers).
+back parses as malformed, so it runs nothing), and :meth:`encode_turn` writes a turn that a
+scripted policy or a teacher wrote with real identifiers as the policy would
+(:mod:`cast_rl.rollout.policy`); :meth:`env_prompt_ids` is the prompt with real identifiers.
 
 ``thinking`` (``inference.thinking``) reaches the chat template as ``enable_thinking`` on every
 rendering, and decides where a turn's leading ``<think>...</think>`` goes: ``keep`` leaves it in the
@@ -106,8 +107,8 @@ class ConversationTokens:
         return Completion(text=text, token_ids=ids, logprobs=[0.0] * len(ids))
 
     def env_prompt_ids(self) -> list[int]:
-        """The prompt with real identifiers, for an engine that reads and writes them (a scripted
-        teacher); without aliases it is ``token_ids``."""
+        """The prompt with real identifiers, as a reader of real identifiers would see it;
+        without aliases it is ``token_ids``."""
         if self.aliases is None:
             return self.token_ids
         text = self._render(self.messages, generation_prompt=True, shown=False)

@@ -30,7 +30,8 @@ from cast_rl.inference.base import Completion, InferenceEngine, Sampling
 from cast_rl.inference.weight_sync import WeightSyncError, checkpoint_tensors, state_checksum
 from cast_rl.models.chat import check_appends_only
 from cast_rl.records import Trajectory
-from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
+from cast_rl.rollout.collector import Tree, Unit
+from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec, Policy
 from cast_rl.rollout.verifiers import ConnectCritic, build_verifier
 
 logger = logging.getLogger(__name__)
@@ -45,9 +46,6 @@ class PausableEngine:
     def __init__(self, engine: InferenceEngine) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
-        self.reads_messages = getattr(engine, "reads_messages", False)
-        """A teacher that reads messages, not token ids (:mod:`cast_rl.rollout.teacher`)."""
-        self.writes_real_ids = getattr(engine, "writes_real_ids", False)
         self.adapter: str | None = None
         """The adapter policy requests run with (None: the engine's own weights)."""
         self._running = asyncio.Event()
@@ -106,12 +104,15 @@ class RolloutWorker:
             # before any episode: a template that rewrites earlier turns would fail mid-episode
             check_appends_only(engine.tokenizer, cfg.inference.thinking, name=cfg.policy.path)
         self.engine = PausableEngine(engine)
+        self.plays: InferenceEngine | Policy = engine if isinstance(engine, Policy) else self.engine
+        """What the runner plays with: the pausable engine, or a policy given as such (a scripted
+        one, the teacher), which no weight update touches."""
         self.version = 0
         self.checksum: str | None = None
         """Checksum of the learner state last loaded (None: the weights the engine started with)."""
         self.critic_counts: Counter[str] = Counter()
         """Critic answers and unparsable ones, over every critic this worker consulted."""
-        self.runner = EpisodeRunner(cfg, data, self.engine, self._guard(verifier), policy_version=lambda: self.version)
+        self.runner = EpisodeRunner(cfg, data, self.plays, self._guard(verifier), policy_version=lambda: self.version)
         self._busy_s = 0.0
         self.last_sync_s: dict[str, float] = {}
         """Seconds the last update spent in the greedy probe and in receiving and loading (empty
@@ -121,8 +122,7 @@ class RolloutWorker:
         with: the next update's "before" (only updates change the served weights), so an update
         generates one probe, not two.  None until an update lands, and again after one fails."""
 
-    async def collect(self, units: list[tuple[str, int, int]],
-                      tree: tuple[int, str] | None = None) -> list[Trajectory]:
+    async def collect(self, units: list[Unit], tree: Tree | None = None) -> list[Trajectory]:
         """Run one episode per (split, task_index, trial); results in the order given.
 
         With ``tree = (branches, points)`` each unit is a tree rollout
@@ -153,14 +153,14 @@ class RolloutWorker:
         finally:
             self._busy_s += time.perf_counter() - t0
 
-    async def update_weights(self, version: int, state: dict[str, Any] | AdapterUpdate, checksum: str) -> int:
-        """Load new weights in place; refuses stale versions and corrupted payloads.  ``state`` is
+    async def update_weights(self, version: int, weights: dict[str, Any] | AdapterUpdate, checksum: str) -> int:
+        """Load new weights in place; refuses stale versions and corrupted payloads.  ``weights`` is
         a full state dict, or the policy's adapter alone (:meth:`_update_adapter`)."""
         if version <= self.version:
             raise WeightSyncError(f"refusing weights version {version}: worker already serves {self.version}")
-        if isinstance(state, AdapterUpdate):
-            return await self._update_adapter(version, state, checksum)
-        got = state_checksum(state)
+        if isinstance(weights, AdapterUpdate):
+            return await self._update_adapter(version, weights, checksum)
+        got = state_checksum(weights)
         if got != checksum:
             raise WeightSyncError(f"weights version {version} failed its checksum ({got[:12]} != {checksum[:12]})")
         if checksum == self.checksum:  # the learner's weights did not move: nothing to load
@@ -168,13 +168,13 @@ class RolloutWorker:
             return version
 
         async def load() -> str:
-            await self.engine.engine.load_weights(state)  # type: ignore[attr-defined]
+            await self.engine.engine.load_weights(weights)  # type: ignore[attr-defined]
             return checksum
 
         def same_as_initial(_: str) -> bool:
             # names the checkpoint does not hold (e.g. a tied output layer) are not compared
-            disk = checkpoint_tensors(self.engine.engine.model_path, state)  # type: ignore[attr-defined]
-            return bool(disk) and all(torch.equal(t, state[n].to("cpu")) for n, t in disk.items())
+            disk = checkpoint_tensors(self.engine.engine.model_path, weights)  # type: ignore[attr-defined]
+            return bool(disk) and all(torch.equal(t, weights[n].to("cpu")) for n, t in disk.items())
 
         await self.swap(version, load, same_as_initial)
         return version
@@ -305,7 +305,7 @@ class RolloutWorker:
                 verifier = self._guard(build_verifier(self.cfg, data, self.connect_critic,
                                                       policy_engine=self.engine.engine))
         old = self.runner
-        self.runner = EpisodeRunner(self.cfg, data, self.engine, verifier, policy_version=lambda: self.version,
+        self.runner = EpisodeRunner(self.cfg, data, self.plays, verifier, policy_version=lambda: self.version,
                                     user_complete=old.user_complete)
         self.runner.budget = old.budget
         self.runner.stats = old.stats

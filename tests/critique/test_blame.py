@@ -18,7 +18,7 @@ import pytest
 from cast_rl.critique.blame import blame_metrics, count_failed, privileged_correction, verify_blame
 from cast_rl.critique.labeller import Labeller
 from cast_rl.envs.types import RESPOND
-from cast_rl.rollout.noisy_expert import NoisyExpertEngine, draw_error, episode_seed
+from cast_rl.rollout.noisy_expert import NoisyExpertPolicy, draw_error, episode_seed
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 
 TASKS = 8
@@ -31,7 +31,7 @@ def setup(compact_cancel):  # noqa: ANN001, ANN201
 
     def runner_for(traj) -> EpisodeRunner:  # noqa: ANN001
         task = data.task("train", traj.task_index)
-        return EpisodeRunner(cfg, data, NoisyExpertEngine(tok, task, data.spec.write_tools, errors[traj.task_index]))
+        return EpisodeRunner(cfg, data, NoisyExpertPolicy(tok, task, data.spec.write_tools, errors[traj.task_index]))
 
     trajs = [asyncio.run(runner_for(_Key(i)).run(EpisodeSpec("train", i, 0))) for i in range(TASKS)]
     labeller = Labeller(data)

@@ -20,7 +20,7 @@ from cast_rl.critique.labeller import Labeller
 from cast_rl.envs.core import load_domain_data
 from cast_rl.envs.generate import write_retail
 from cast_rl.records import write_trajectories
-from cast_rl.rollout.noisy_expert import NoisyExpertEngine
+from cast_rl.rollout.noisy_expert import NoisyExpertPolicy
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def test_blame_command_replays_corrects_and_continues(tiny_model_dir: Path, tmp_
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     trajs = []
     for i in range(4):
-        engine = NoisyExpertEngine(tok, data.task("train", i), data.spec.write_tools, "wrong_argument" if i < 2 else None)
+        engine = NoisyExpertPolicy(tok, data.task("train", i), data.spec.write_tools, "wrong_argument" if i < 2 else None)
         trajs.append(asyncio.run(EpisodeRunner(cfg, data, engine).run(EpisodeSpec("train", i, 0))))
     assert [t.reward for t in trajs] == [0.0, 0.0, 1.0, 1.0]
     write_trajectories(tmp_path / "t.jsonl", trajs)

@@ -19,7 +19,7 @@ from cast_rl.envs.core import load_domain_data
 from cast_rl.envs.types import STOP_TOKEN
 from cast_rl.envs.users import LLMUser, Trait, user_engine
 from cast_rl.envs.users.llm import OPENING
-from cast_rl.rollout.expert import ScriptEngine, expert_script
+from cast_rl.rollout.expert import ScriptPolicy, expert_script
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 
 pytestmark = pytest.mark.slow
@@ -44,7 +44,7 @@ def test_llm_user_on_its_own_vllm_engine(tiny_model_dir: Path, retail_data_dir: 
             user = LLMUser(complete, timeout_s=cfg.user.timeout_s, trait=Trait("skepticism"))
             first = await user.reset(task, data.db)
             second = await user.step("Could you give me your email?")
-            policy = ScriptEngine(tokenizer, expert_script(task, data.spec.write_tools))
+            policy = ScriptPolicy(tokenizer, expert_script(task, data.spec.write_tools))
             runner = EpisodeRunner(cfg, data, policy, user_complete=complete)
             trajectory = await runner.run(EpisodeSpec("train", 0, 0))
             return engine.generated_tokens, user, first, second, trajectory

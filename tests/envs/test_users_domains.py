@@ -22,8 +22,8 @@ from cast_rl.envs.types import RESPOND, STOP_TOKEN, Action
 from cast_rl.envs.users import ScriptedUser, Trait, build_user
 from cast_rl.envs.users.goals import domain_of, gold_effects, identity_line
 from cast_rl.rollout.expert import (
-    ExpertEngine,
     ExpertPolicy,
+    ExpertTokenizer,
     ExpertTurn,
     expert_plan,
     is_affirmative,
@@ -59,7 +59,7 @@ def _cfg(domain: str, *overrides: str) -> CastConfig:
 def _expert_run(domain: str, tokenizer_dir: str, *overrides: str, indices: list[int] | None = None):
     cfg = _cfg(domain, *overrides)
     data = _data(domain)
-    runner = EpisodeRunner(cfg, data, ExpertPolicy(tokenizer_dir))
+    runner = EpisodeRunner(cfg, data, ExpertTokenizer(tokenizer_dir))
     indices = indices if indices is not None else list(range(len(data.tasks("test"))))
     return asyncio.run(runner.run_many([EpisodeSpec("test", i, 0) for i in indices]))
 
@@ -194,13 +194,13 @@ def test_expert_asks_again_then_skips_a_refused_write(tokenizer_dir: str) -> Non
     plan = [ExpertTurn("say", "Who are you?"), ExpertTurn("confirm", "Shall I? (yes/no)"),
             ExpertTurn("call", "<tool_call>x</tool_call>"), ExpertTurn("say", "Done. Anything else?"),
             ExpertTurn("say", "Goodbye.")]
-    expert = ExpertEngine(tok, plan, max_asks=2)
+    expert = ExpertPolicy(tok, plan, max_asks=2)
     assert expert.next_turn("") == "Who are you?"
     assert expert.next_turn("") == "Shall I? (yes/no)"
     assert expert.next_turn("Hmm, what?") == "Shall I? (yes/no)"
     assert expert.next_turn("No, wait.") == "I understand; I will not make that change."
     assert expert.next_turn("ok") == "Goodbye." and expert.skipped_writes == 1
-    expert = ExpertEngine(tok, plan)
+    expert = ExpertPolicy(tok, plan)
     expert.next_turn(""), expert.next_turn("")
     assert expert.next_turn("Yes, please go ahead.") == "<tool_call>x</tool_call>"
     assert is_affirmative("Sure, go ahead") and not is_affirmative("Yes... no, wait.")

@@ -35,7 +35,7 @@ class InProcessTeacherGroup:
         self.critic = cfg.critic
         self.budgets = [cfg.critic.verification_budget]
 
-    def collect(self, units: list[tuple[str, int, int]], on_done: Any = None, **_: Any) -> list[Trajectory]:
+    def collect(self, units: list[tuple[str, int, int]], tree: Any = None, *, on_done: Any = None) -> list[Trajectory]:
         budget = self.budgets[-1]
         cfg = replace(self.cfg, critic=replace(self.critic, verification_budget=budget))
         engine_for = noisy_expert_policy(cfg, self.data, self.tokenizer)

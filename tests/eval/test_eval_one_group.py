@@ -17,7 +17,7 @@ from typing import Any
 
 from cast_rl.config import load_config
 from cast_rl.envs.setup import load_env_data
-from cast_rl.rollout.expert import ScriptEngine
+from cast_rl.rollout.expert import ScriptPolicy
 from cast_rl.rollout.worker import RolloutWorker
 
 
@@ -38,7 +38,7 @@ class InProcessGroup:
     def set_verification_budget(self, budget: int) -> None:
         self.worker.set_verification_budget(budget)
 
-    def collect(self, units: list[tuple[str, int, int]], on_done: Any = None, **_: Any) -> list[Any]:
+    def collect(self, units: list[tuple[str, int, int]], tree: Any = None, *, on_done: Any = None) -> list[Any]:
         trajs = asyncio.run(self.worker.collect(units))
         for t in trajs:
             if on_done is not None:
@@ -67,7 +67,7 @@ def test_one_group_serves_every_domain_and_goes_back_to_its_own(
         f"eval.domains=[{','.join(domains)}]", f"eval.data_root={benchmarks_dir}", "eval.trials=1",
         "eval.verification_budgets=[0,1]", "logging.mode=disabled",
     ])
-    engine = ScriptEngine(AutoTokenizer.from_pretrained(tiny_model_dir), ["Goodbye."])
+    engine = ScriptPolicy(AutoTokenizer.from_pretrained(tiny_model_dir), ["Goodbye."])
     group = InProcessGroup(cfg, engine)
     report = run_eval(cfg, tmp_path / "eval", group=group)
 
@@ -96,7 +96,7 @@ def test_a_standalone_evaluation_starts_one_group_and_shuts_it_down(
         "env.max_steps=2", "inference.max_model_len=65536", f"eval.domains=[{','.join(domains)}]",
         f"eval.data_root={benchmarks_dir}", "eval.trials=1", "eval.verification_budgets=[0]", "logging.mode=disabled",
     ])
-    engine = ScriptEngine(AutoTokenizer.from_pretrained(tiny_model_dir), ["Goodbye."])
+    engine = ScriptPolicy(AutoTokenizer.from_pretrained(tiny_model_dir), ["Goodbye."])
     started: list[InProcessGroup] = []
     per_domain: list[str] = []
     monkeypatch.setattr(launcher, "RolloutGroup", lambda c: started.append(InProcessGroup(c, engine)) or started[-1])

@@ -27,7 +27,7 @@ from cast_rl.eval.net_benefit import (
     choose_budget,
     measure_benefit,
 )
-from cast_rl.rollout.noisy_expert import NoisyExpertEngine, draw_error, episode_seed
+from cast_rl.rollout.noisy_expert import NoisyExpertPolicy, draw_error, episode_seed
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,9 +48,9 @@ def sweep(compact_cancel):  # noqa: ANN001, ANN201
     def run(p: float, defers: bool = True):  # noqa: ANN202
         c = replace(cfg, pipeline=replace(cfg.pipeline, benefit_fp_rate=p))
 
-        def engine_for(spec: EpisodeSpec) -> NoisyExpertEngine:
+        def engine_for(spec: EpisodeSpec) -> NoisyExpertPolicy:
             error = draw_error(episode_seed(c.seed, spec.key), c.pipeline.benefit_error_rate, kinds)
-            return NoisyExpertEngine(tok, data.task(spec.split, spec.task_index), data.spec.write_tools, error,
+            return NoisyExpertPolicy(tok, data.task(spec.split, spec.task_index), data.spec.write_tools, error,
                                      defers=defers)
 
         return asyncio.run(measure_benefit(c, data, tasks, engine_for, RuleVerifier({data.domain: data.tools}), tok))
@@ -98,7 +98,7 @@ def test_deferential_teacher_switches_the_cancel_reason_after_a_rejection(compac
 
     ran = {}
     for defers in (False, True):
-        engine = NoisyExpertEngine(tok, task, data.spec.write_tools, None, defers=defers)
+        engine = NoisyExpertPolicy(tok, task, data.spec.write_tools, None, defers=defers)
         traj = asyncio.run(EpisodeRunner(cfg, data, engine, RejectCancels()).run(EpisodeSpec("train", 0, 0)))
         (cancel,) = [t.action for t in traj.turns if t.executed and t.action["name"] == "cancel_pending_order"]
         ran[defers] = (cancel["kwargs"]["reason"], traj.reward)

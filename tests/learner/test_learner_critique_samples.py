@@ -186,3 +186,93 @@ def test_replay_log_refers_to_trajectories_instead_of_repeating_their_tokens(tmp
     again = ReplayBuffer(ReplayBufferConfig(capacity=1000), log)
     drawn = again.sample(len(samples) + 1, 0)
     assert [s.to_json() for s in drawn] == [s.to_json() for s in [*samples, other]]
+
+
+def _trajectory_offsets(path: Path) -> list[int]:
+    offsets, position = [], 0
+    for line in path.read_bytes().splitlines(keepends=True):
+        offsets.append(position)
+        position += len(line)
+    return offsets
+
+
+def test_builders_name_each_samples_trajectory_and_the_log_refers_to_it_without_searching(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every sample cut from a trajectory carries its origin (position, logprob mode); the buffer
+    checks that one trajectory once per sample and writes its offset.  All toy trajectories have
+    the same tokens, so a prefix search would have referred every sample to the first one."""
+    from cast_rl.config.schema import ReplayBufferConfig
+    from cast_rl.replay import ReplayBuffer
+    from cast_rl.replay import buffer as replay_buffer
+
+    cfg = load_config(None, ["algorithm.samples=[outcome_groups,revision,supervised,distill,rft]",
+                             "algorithm.filter_zero_variance_groups=false"])
+    trajs = [_traj(0, t, float(t % 2), [ROUND]) for t in range(4)] + [_traj(1, t, 1.0) for t in range(4)]
+    samples = build_samples(trajs, cfg, "r0")
+    modes = {}
+    for s in samples:
+        kind = s.key.split("/")[5]
+        if kind == "distill":  # a rejected proposal cut out of the middle: no prefix, no origin
+            assert s.origin is None
+            continue
+        assert s.origin is not None
+        source = trajs[s.origin.trajectory]
+        assert s.key.startswith(f"r0/retail/test/{source.task_index}/{source.trial}/")
+        modes[kind] = s.origin.logprobs
+    assert modes == {"outcome": "trajectory", "revision": "masked", "supervised": "zero", "rft": "zero"}
+
+    checked: list[str] = []
+    real = replay_buffer._rebuilds
+
+    def counting(traj: Trajectory, sample, origin) -> bool:  # noqa: ANN001
+        checked.append(sample.key)
+        return real(traj, sample, origin)
+
+    monkeypatch.setattr(replay_buffer, "_rebuilds", counting)
+    log = tmp_path / "replay" / "log.jsonl"
+    buf = ReplayBuffer(ReplayBufferConfig(capacity=1000), log)
+    assert buf.add(samples, trajs).accepted == len(samples)
+    assert sorted(checked) == sorted(s.key for s in samples if s.origin)  # one check each, no search
+    offsets = _trajectory_offsets(buf.trajectory_path)
+    adds = [x for x in map(json.loads, log.read_text().splitlines()) if x["op"] == "add"]
+    for rec, s in zip(adds, samples, strict=True):
+        if s.origin is None:
+            assert "ref" not in rec and rec["sample"]["token_ids"] == s.token_ids
+        else:
+            assert rec["ref"]["offset"] == offsets[s.origin.trajectory]
+            assert rec["ref"]["logprobs"] == s.origin.logprobs and "origin_mismatch" not in rec
+    assert buf.snapshot()["origin_mismatches"] == 0
+
+    again = ReplayBuffer(ReplayBufferConfig(capacity=1000), log)
+    drawn = again.sample(len(samples), 0)
+    assert [s.to_json() for s in drawn] == [s.to_json() for s in samples]
+
+
+def test_a_wrong_origin_is_logged_whole_and_counted(tmp_path: Path) -> None:
+    """An origin that does not rebuild its sample (a builder bug) never reaches the log as a ref."""
+    import dataclasses
+
+    from cast_rl.config.schema import ReplayBufferConfig
+    from cast_rl.replay import ReplayBuffer
+    from cast_rl.samples import Origin
+
+    cfg = load_config(None, ["algorithm.samples=[outcome_groups]", "algorithm.filter_zero_variance_groups=false"])
+    trajs = [_traj(0, 0, 1.0), _traj(0, 1, 0.0)]
+    trajs[1] = dataclasses.replace(trajs[1], token_ids=[t + 1 for t in TOKENS])
+    good, other = build_samples(trajs, cfg, "r0")
+    assert good.origin == Origin(0, "trajectory") and other.origin == Origin(1, "trajectory")
+    wrong = [
+        dataclasses.replace(good, key="other-tokens", origin=Origin(1, "trajectory")),
+        dataclasses.replace(good, key="wrong-mode", origin=Origin(0, "zero")),
+        dataclasses.replace(good, key="no-such-trajectory", origin=Origin(2, "trajectory")),
+    ]
+    log = tmp_path / "log.jsonl"
+    buf = ReplayBuffer(ReplayBufferConfig(capacity=1000), log)
+    buf.add([good, *wrong], trajs)
+    adds = [x for x in map(json.loads, log.read_text().splitlines()) if x["op"] == "add"]
+    assert "ref" in adds[0] and all("ref" not in x and x["origin_mismatch"] for x in adds[1:])
+    assert buf.snapshot()["origin_mismatches"] == 3
+
+    again = ReplayBuffer(ReplayBufferConfig(capacity=1000), log)
+    assert again.snapshot()["origin_mismatches"] == 3  # recovered with the log
+    assert [s.to_json() for s in again.sample(4, 0)] == [s.to_json() for s in [good, *wrong]]

@@ -146,3 +146,19 @@ def test_rewind_puts_back_what_later_draws_took(tmp_path: Path) -> None:
     assert len(restarted) == 0 and restarted.cursor() == cursor + 1
     with pytest.raises(ValueError):
         restarted.rewind(cursor + 5)
+
+
+def test_replay_actor_imports_neither_torch_nor_the_learner() -> None:
+    """The replay buffer's Ray actor is light: samples, sharding and batch metrics come from the
+    torch-free cast_rl.samples."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys, actors.replay_buffer; "
+            "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('cast_rl'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    modules = json.loads(out.stdout.splitlines()[-1])
+    assert "torch" not in modules
+    assert not [m for m in modules if m.startswith(("cast_rl.learner", "cast_rl.rollout"))], modules
+    assert len(modules) < 30, modules  # records, samples, replay and the config: nothing else

@@ -16,22 +16,21 @@ import pytest
 
 from cast_rl.config import load_config
 from cast_rl.learner.critique_samples import build_samples
-from cast_rl.rollout.noisy_expert import NoisyExpertEngine
+from cast_rl.rollout.noisy_expert import NoisyExpertPolicy
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec, tree_points
 
 K = 4
 
 
-class SeededTeacher:
+class SeededTeacher(NoisyExpertPolicy):
     """The teacher, with its error drawn from each request's sampling seed (odd: wrong reason)."""
 
     def __init__(self, tokenizer: Any, task: Any, write_tools: frozenset[str]) -> None:
-        self.tokenizer = tokenizer
-        self.task, self.write_tools = task, write_tools
+        super().__init__(tokenizer, task, write_tools, None)
 
-    async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
+    async def act(self, state: Any, sampling: Any) -> Any:
         error = "wrong_argument" if sampling.seed % 2 else None
-        return await NoisyExpertEngine(self.tokenizer, self.task, self.write_tools, error).generate(prompt_ids, sampling)
+        return await NoisyExpertPolicy(self.tokenizer, self.task, self.write_tools, error).act(state, sampling)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +74,10 @@ def test_step_group_advantages_are_relative_to_the_state_and_start_at_the_branch
     samples = build_samples(trajs, cfg, "r0")
     assert samples and all(s.source == "step_groups" for s in samples)
     assert len({s.key for s in samples}) == len(samples)
+    for s in samples:  # each names its own episode (branches share task, trial and prefix)
+        assert s.origin is not None and s.origin.logprobs == "trajectory"
+        source = trajs[s.origin.trajectory]
+        assert source.info["tree"].get("branch", 0) == s.info["branch"] and source.token_ids == s.token_ids
     by_group: dict[str, list] = {}
     for s in samples:
         by_group.setdefault(s.group, []).append(s)
@@ -94,7 +97,7 @@ def test_step_group_advantages_are_relative_to_the_state_and_start_at_the_branch
 
 def test_a_deterministic_policy_gives_no_step_signal(setup) -> None:  # noqa: ANN001
     cfg, data, tok = setup
-    runner = EpisodeRunner(cfg, data, NoisyExpertEngine(tok, data.task("train", 0), data.spec.write_tools, None))
+    runner = EpisodeRunner(cfg, data, NoisyExpertPolicy(tok, data.task("train", 0), data.spec.write_tools, None))
     tree = asyncio.run(runner.run_tree(EpisodeSpec("train", 0, 0), K, "all"))
     assert len(tree) == 1 + (K - 1) * len(tree[0].info["tree"]["points"]) and {t.reward for t in tree} == {1.0}
     assert build_samples(tree, cfg, "r0") == []  # every group ended alike: dropped

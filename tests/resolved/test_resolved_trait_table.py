@@ -22,7 +22,7 @@ import pytest
 
 from cast_rl.config import load_config
 from cast_rl.envs.core import load_domain_data
-from cast_rl.rollout.expert import ExpertPolicy
+from cast_rl.rollout.expert import ExpertTokenizer
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,12 +54,12 @@ ROWS = table_rows()
 
 
 @pytest.fixture(scope="module")
-def expert(tiny_model_dir: Path) -> ExpertPolicy:
-    return ExpertPolicy(str(tiny_model_dir))  # the expert needs only a tokenizer
+def expert(tiny_model_dir: Path) -> ExpertTokenizer:
+    return ExpertTokenizer(str(tiny_model_dir))  # the expert needs only a tokenizer
 
 
 @pytest.mark.parametrize("row", list(ROWS))
-def test_trait_row_matches_the_table(row: str, expert: ExpertPolicy, benchmarks_dir: Path) -> None:
+def test_trait_row_matches_the_table(row: str, expert: ExpertTokenizer, benchmarks_dir: Path) -> None:
     overrides = ["inference.backend=expert", "eval.trials=1", "eval.verification_budgets=[0]"]
     if row != "no trait":
         trait, level = row.split()

@@ -17,7 +17,7 @@ from cast_rl.envs.types import Action
 from cast_rl.inference.base import Completion, Sampling
 from cast_rl.learner.critique_samples import distill_cut
 from cast_rl.models.aliases import EntityAliases, alias_tokens
-from cast_rl.rollout.noisy_expert import NoisyExpertEngine
+from cast_rl.rollout.noisy_expert import NoisyExpertPolicy
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 from cast_rl.rollout.tokens import ConversationTokens
 
@@ -73,8 +73,8 @@ def test_an_identifier_the_policy_names_first_is_not_aliased_until_the_conversat
 def test_config_names_a_bad_alias_pattern() -> None:
     with pytest.raises(ValueError, match=r"policy.entity_aliases.order: '\(' is not a regular expression"):
         load_config(None, ["policy.entity_aliases={order: '('}"])
-    with pytest.raises(ValueError, match="critic.model.entity_aliases is not allowed"):
-        load_config(None, ["critic.model.entity_aliases={order: 'x'}"])
+    with pytest.raises(ValueError, match="labeller.model.entity_aliases is not allowed"):
+        load_config(None, ["labeller.model.entity_aliases={order: 'x'}"])
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def setup(compact_cancel):  # noqa: ANN001, ANN201
 def _teacher_episode(setup, task: int, error: str | None, critic: bool):  # noqa: ANN001, ANN202
     cfg, data, tok = setup
     cfg = dataclasses.replace(cfg, critic=dataclasses.replace(cfg.critic, verification_budget=1 if critic else 0))
-    engine = NoisyExpertEngine(tok, data.task("train", task), data.spec.write_tools, error)
+    engine = NoisyExpertPolicy(tok, data.task("train", task), data.spec.write_tools, error)
     verifier = RuleVerifier({"retail": data.tools}) if critic else None
     return asyncio.run(EpisodeRunner(cfg, data, engine, verifier).run(EpisodeSpec("train", task, 0)))
 

@@ -17,7 +17,7 @@ import pytest
 from cast_rl.critique.verifier import RuleVerifier
 from cast_rl.envs.types import Action
 from cast_rl.records import Trajectory
-from cast_rl.rollout.noisy_expert import NoisyExpertEngine
+from cast_rl.rollout.noisy_expert import NoisyExpertPolicy
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec, EpisodeState, ReplayDiverged
 
 SPEC = EpisodeSpec("train", 0, 0)
@@ -32,7 +32,7 @@ def _runner(setup, error: str | None, critic: bool) -> EpisodeRunner:  # noqa: A
     cfg, data, tok = setup
     if critic:
         cfg = dataclasses.replace(cfg, critic=dataclasses.replace(cfg.critic, verification_budget=1))
-    engine = NoisyExpertEngine(tok, data.task("train", SPEC.task_index), data.spec.write_tools, error)
+    engine = NoisyExpertPolicy(tok, data.task("train", SPEC.task_index), data.spec.write_tools, error)
     return EpisodeRunner(cfg, data, engine, RuleVerifier({"retail": data.tools}) if critic else None)
 
 
@@ -142,14 +142,14 @@ def test_each_turn_samples_with_a_seed_of_its_own_that_reruns_repeat(setup) -> N
     same ones; another trial gets others."""
     cfg, data, tok = setup
 
-    class Recording(NoisyExpertEngine):
+    class Recording(NoisyExpertPolicy):
         def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
             super().__init__(*args, **kwargs)
             self.seeds: list[int | None] = []
 
-        async def generate(self, prompt_ids, sampling):  # noqa: ANN001, ANN202
+        async def act(self, state, sampling):  # noqa: ANN001, ANN202
             self.seeds.append(sampling.seed)
-            return await super().generate(prompt_ids, sampling)
+            return await super().act(state, sampling)
 
     def seeds(spec: EpisodeSpec) -> tuple[list[int | None], Trajectory]:
         critic_cfg = dataclasses.replace(cfg, critic=dataclasses.replace(cfg.critic, verification_budget=1))

@@ -17,7 +17,7 @@ import pytest
 from cast_rl.config import load_config
 from cast_rl.critique.verifier import RuleVerifier
 from cast_rl.learner.critique_samples import build_samples, distill_cut
-from cast_rl.rollout.noisy_expert import ERROR_KINDS, NoisyExpertEngine, draw_error
+from cast_rl.rollout.noisy_expert import ERROR_KINDS, NoisyExpertPolicy, draw_error
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 
 
@@ -30,7 +30,7 @@ def _episode(setup, task: int, error: str | None, critic: bool):  # noqa: ANN001
     cfg, data, tok = setup
     if critic:
         cfg = dataclasses.replace(cfg, critic=dataclasses.replace(cfg.critic, verification_budget=1))
-    engine = NoisyExpertEngine(tok, data.task("train", task), data.spec.write_tools, error)
+    engine = NoisyExpertPolicy(tok, data.task("train", task), data.spec.write_tools, error)
     verifier = RuleVerifier({"retail": data.tools}) if critic else None
     return asyncio.run(EpisodeRunner(cfg, data, engine, verifier).run(EpisodeSpec("train", task, 0)))
 

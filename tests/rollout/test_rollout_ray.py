@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import ray
 
 from cast_rl.config import load_config
 from cast_rl.envs.core import load_domain_data
@@ -61,6 +62,9 @@ def test_two_workers_collect_every_unit_exactly_once(group_and_cfg, tiny_model_d
     trajectories = group.collect(units, on_done=seen.append, chunk_size=3)
     assert [(t.split, t.task_index, t.trial) for t in trajectories] == units
     assert sorted((t.split, t.task_index, t.trial) for t in seen) == sorted(units)
+    # the workers' chunk results, in order, are the collection (the replay buffer takes them so)
+    assert len(trajectories.chunk_refs) == -(-len(units) // 3)
+    assert [t for chunk in ray.get(trajectories.chunk_refs) for t in chunk] == trajectories
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     for traj in trajectories:
         assert traj.policy_version == start["rollout/policy_version"]
@@ -76,6 +80,7 @@ def test_tree_collection_returns_each_root_then_its_continuations(group_and_cfg)
     data = load_domain_data("retail", cfg.env.data_dir)
     units = episode_units(cfg, data)[:4]
     trajectories = group.collect(units, chunk_size=2, tree=(2, "all"))
+    assert [t for chunk in ray.get(trajectories.chunk_refs) for t in chunk] == trajectories
     roots = [t for t in trajectories if "points" in t.info["tree"]]
     assert [(t.split, t.task_index, t.trial) for t in roots] == units
     position = 0

@@ -64,7 +64,7 @@ class LocalGroup:
     def set_verification_budget(self, budget: int) -> None:
         self.worker.set_verification_budget(budget)
 
-    def collect(self, units: list[tuple[str, int, int]], on_done: Any = None, **_: Any) -> list:
+    def collect(self, units: list[tuple[str, int, int]], tree: Any = None, *, on_done: Any = None) -> list:
         trajs = asyncio.run(self.worker.collect(units))
         for t in trajs:
             if on_done is not None:

@@ -21,7 +21,7 @@ import pytest
 from cast_rl.config import load_config
 from cast_rl.critique.records import VerifyRequest
 from cast_rl.envs.core import load_domain_data
-from cast_rl.rollout.expert import ScriptEngine, tool_call_text
+from cast_rl.rollout.expert import ScriptPolicy, tool_call_text
 from cast_rl.rollout.worker import RolloutWorker
 
 SMALL = ["env.split=test", "env.max_steps=2", "inference.max_model_len=65536"]
@@ -44,7 +44,7 @@ def test_later_episodes_run_in_the_new_domain_with_the_same_engine_critic_and_co
     cfg = load_config(None, [f"env.data_dir={retail_data_dir}", "critic.backend=rule", "critic.service=false", *SMALL])
     retail, airline = load_domain_data("retail", retail_data_dir), load_domain_data("airline", benchmarks_dir / "airline")
     # an airline tool: unknown in retail, a valid first step in airline
-    engine = ScriptEngine(tokenizer, [tool_call_text("list_all_airports", {}), "Goodbye."])
+    engine = ScriptPolicy(tokenizer, [tool_call_text("list_all_airports", {}), "Goodbye."])
     worker = RolloutWorker(cfg, retail, engine)
     worker.set_verification_budget(1)
     worker.version, worker.checksum = 3, "abc"
@@ -103,13 +103,13 @@ def test_a_model_critic_is_kept_and_budget_0_builds_no_verifier(
         closed.append(True)
 
     model_critic = SimpleNamespace(verify=None, close=close)
-    worker = RolloutWorker(cfg, retail, ScriptEngine(tokenizer, ["Goodbye."]), verifier=model_critic)
+    worker = RolloutWorker(cfg, retail, ScriptPolicy(tokenizer, ["Goodbye."]), verifier=model_critic)
     guarded = worker.runner.verifier
     asyncio.run(worker.set_domain(_airline_cfg(benchmarks_dir), airline))
     assert worker.runner.verifier is guarded and not closed and worker.runner.budget == 1
 
     rule = load_config(None, [f"env.data_dir={retail_data_dir}", "critic.backend=rule", "critic.service=false", *SMALL])
-    worker = RolloutWorker(rule, retail, ScriptEngine(tokenizer, ["Goodbye."]))
+    worker = RolloutWorker(rule, retail, ScriptPolicy(tokenizer, ["Goodbye."]))
     asyncio.run(worker.set_domain(_airline_cfg(benchmarks_dir), airline))
     assert worker.runner.verifier is None and worker.runner.budget == 0
     worker.set_verification_budget(1)  # built for the domain the worker serves now

@@ -7,7 +7,9 @@ With ``env.max_steps=1`` the reward is therefore "the first turn is a message co
 target".  The database, policy and tool schemas are the generated retail ones, so the episodes
 run through the real environment, user simulator, rollout workers and reward.
 
-    python -c "from cast_rl.envs.toy import write_say_target; write_say_target('runs/toy', 'q')"
+A test helper (``tests/learner/test_grpo_vllm_learning.py``), kept out of the library::
+
+    cd tests/learner && python -c "from say_target_env import write_say_target; write_say_target('/tmp/toy', 'q')"
 """
 
 from __future__ import annotations
