@@ -53,6 +53,7 @@ from cast_rl.learner.critique_samples import (
 from cast_rl.learner.loop import train_supervised
 from cast_rl.learner.sample import Sample
 from cast_rl.learner.schedule import phase_steps
+from cast_rl.models.aliases import EntityAliases
 from cast_rl.models.setup import ensure_model, training_corpus
 from cast_rl.pipeline.context import (
     PipelineContext,
@@ -210,10 +211,23 @@ def eval_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     if trained.backend != "trained":
         raise ValueError(f"stage eval_critic evaluates the trained critic: {trained_critic_path(ctx.cfg)} does not "
                          "exist; run train_critic (pipeline.critic_train_steps > 0 or critic_epochs) first")
+    return _evaluate_with_critic(ctx, out, "eval_critic", trained)
+
+
+def eval_rule(ctx: PipelineContext, out: Path) -> dict[str, Any]:
+    """The optimised policy with the rule critic in the loop (the budgets > 0), when the pipeline
+    serves another critic: with ``critic.backend=trained`` the report's rows are before and after
+    training x no critic / rule critic / trained critic."""
+    if ctx.critic_config().backend == "rule":
+        return {"skipped": "the pipeline serves the rule critic: eval_after has its configurations"}
+    return _evaluate_with_critic(ctx, out, "eval_rule", dataclasses.replace(ctx.cfg.critic, backend="rule"))
+
+
+def _evaluate_with_critic(ctx: PipelineContext, out: Path, stage: str, critic: Any) -> dict[str, Any]:
     budgets = [b for b in ctx.cfg.eval.verification_budgets if b > 0]
     if not budgets:
         return {"skipped": "eval.verification_budgets has no budget > 0"}
-    return _evaluate(ctx, out, "eval_critic", budgets=budgets, critic=trained)
+    return _evaluate(ctx, out, stage, budgets=budgets, critic=critic)
 
 
 def collect(ctx: PipelineContext, out: Path) -> dict[str, Any]:
@@ -308,6 +322,8 @@ def critic_data(ctx: PipelineContext, out: Path) -> dict[str, Any]:
         out, heldout_fraction=ctx.cfg.pipeline.critic_heldout_fraction, seed=ctx.cfg.seed, drop_from_train=drop,
         valid_answer=ctx.cfg.pipeline.critic_valid_answer,
         valid_per_invalid=ctx.cfg.pipeline.critic_valid_per_invalid,
+        aliases=EntityAliases(patterns) if (patterns := ctx.cfg.critic.model.entity_aliases) else None,
+        per_action=ctx.cfg.pipeline.critic_balance == "per_action",
     )
 
 
@@ -591,6 +607,7 @@ STAGES: dict[str, Callable[[PipelineContext, Path], dict[str, Any]]] = {
     "critic_data": critic_data,
     "train_critic": train_critic,
     "eval_critic": eval_critic,
+    "eval_rule": eval_rule,
     "benefit": benefit,
     "collect_with_critic": collect_with_critic,
     "optimise": optimise,

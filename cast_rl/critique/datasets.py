@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from cast_rl.critique.context import iter_actions
-from cast_rl.critique.prompt import critic_messages
+from cast_rl.critique.prompt import aliased, critic_messages
 from cast_rl.critique.rationale import Rationale, format_critique
 from cast_rl.critique.verifier import VerifyRequest
 from cast_rl.jsonl import iter_jsonl
+from cast_rl.models.aliases import EntityAliases
 from cast_rl.records import Trajectory, read_trajectories
 
 logger = logging.getLogger(__name__)
@@ -78,10 +79,14 @@ class Example:
     trajectory_index: int
     message_index: int
 
-    def row(self) -> dict[str, Any]:
+    def row(self, aliases: EntityAliases | None = None) -> dict[str, Any]:
+        """The Parquet row; with ``aliases`` the prompt and the completion read the conversation's
+        identifiers as aliases, as the served critic will (``request`` keeps them real)."""
+        view, table = aliased(self.request, aliases)
+        completion = self.completion if aliases is None or table is None else aliases.to_policy(table, self.completion)
         return {
-            "prompt_messages": json.dumps(critic_messages(self.request), ensure_ascii=False),
-            "completion": self.completion,
+            "prompt_messages": json.dumps(critic_messages(view), ensure_ascii=False),
+            "completion": completion,
             "verdict": self.verdict,
             "error_type": self.error_type,
             "domain": self.request.domain,
@@ -133,9 +138,18 @@ def examples_from_labels(
     return examples, skipped
 
 
-def balance(examples: list[Example], rng: random.Random, valid_per_invalid: float = 1.0) -> list[Example]:
+def balance(examples: list[Example], rng: random.Random, valid_per_invalid: float = 1.0,
+            per_action: bool = False) -> list[Example]:
     """``valid_per_invalid`` valid examples per invalid one, as far as the data allows (equal
-    numbers by default; the larger class is subsampled)."""
+    numbers by default; the larger class is subsampled).
+
+    With ``per_action`` valid examples are drawn action by action first: each action name's invalid examples get up to
+    ``valid_per_invalid`` valid ones of the same action (a valid cancel beside the invalid ones),
+    and the rest of the valid quota comes from every action.  Drawn at random, valid examples are
+    mostly replies and lookups, and a critic that has seen the action it must judge only when it
+    was wrong learns to flag the action, not the error: 143 invalid cancels against 17 valid ones
+    made the quickstart's critic flag every second valid cancel in the loop.
+    """
     valid = [e for e in examples if e.verdict == "valid"]
     invalid = [e for e in examples if e.verdict == "invalid"]
     if not valid or not invalid:
@@ -143,8 +157,29 @@ def balance(examples: list[Example], rng: random.Random, valid_per_invalid: floa
         return examples
     n_invalid = min(len(invalid), max(1, math.ceil(len(valid) / valid_per_invalid)))
     n_valid = min(len(valid), round(valid_per_invalid * n_invalid))
-    keep = rng.sample(valid, n_valid) + rng.sample(invalid, n_invalid)
-    return sorted(keep, key=lambda e: (e.trajectory_index, e.message_index))
+    if not per_action:
+        keep = rng.sample(valid, n_valid) + rng.sample(invalid, n_invalid)
+        return sorted(keep, key=lambda e: (e.trajectory_index, e.message_index))
+    chosen_invalid = rng.sample(invalid, n_invalid)
+    by_action: dict[str, list[Example]] = {}
+    for e in valid:
+        by_action.setdefault(_action_name(e), []).append(e)
+    wanted = Counter(_action_name(e) for e in chosen_invalid)
+    chosen_valid: list[Example] = []
+    for name in sorted(wanted):
+        pool = by_action.get(name, [])
+        chosen_valid += rng.sample(pool, min(len(pool), round(valid_per_invalid * wanted[name])))
+    taken = {id(e) for e in chosen_valid}
+    rest = [e for e in valid if id(e) not in taken]
+    if len(chosen_valid) > n_valid:
+        chosen_valid = rng.sample(chosen_valid, n_valid)
+    else:
+        chosen_valid += rng.sample(rest, n_valid - len(chosen_valid))
+    return sorted(chosen_valid + chosen_invalid, key=lambda e: (e.trajectory_index, e.message_index))
+
+
+def _action_name(example: Example) -> str:
+    return str(example.request.proposal.get("name", ""))
 
 
 def _heldout(trajectory_index: int, fraction: float, seed: int) -> bool:
@@ -161,8 +196,13 @@ def build_critic_data(
     drop_from_train: set[tuple[int, int]] | frozenset[tuple[int, int]] = frozenset(),
     valid_answer: str = "full",
     valid_per_invalid: float = 1.0,
+    aliases: EntityAliases | None = None,
+    per_action: bool = False,
 ) -> dict[str, Any]:
     """Write ``train.parquet`` and ``heldout.parquet``; returns counts for a summary.
+
+    ``aliases``: the critic's ``critic.model.entity_aliases`` (:meth:`Example.row`);
+    ``per_action``: ``pipeline.critic_balance=per_action`` (:func:`balance`).
 
     ``valid_per_invalid``: valid examples per invalid one in the training split (a critic in the
     loop sees mostly valid actions, and each false flag costs a revision); the held-out split stays
@@ -196,8 +236,8 @@ def build_critic_data(
             1 for e in examples if (e.trajectory_index, e.message_index) in drop_from_train
             and not _heldout(e.trajectory_index, heldout_fraction, seed))
     for name, rows in splits.items():
-        kept = balance(rows, rng, valid_per_invalid if name == "train" else 1.0)
-        table = pa.Table.from_pylist([e.row() for e in kept], schema=_schema())
+        kept = balance(rows, rng, valid_per_invalid if name == "train" else 1.0, per_action)
+        table = pa.Table.from_pylist([e.row(aliases) for e in kept], schema=_schema())
         pq.write_table(table, out / f"{name}.parquet")
         counts = Counter(e.verdict for e in kept)
         summary[name] = {"examples": len(kept), "valid": counts["valid"], "invalid": counts["invalid"]}

@@ -5,6 +5,12 @@ critic (:class:`~cast_rl.critique.verifier.ModelVerifier`) and the teacher
 (:mod:`cast_rl.critique.teacher`), so a trained critic sees at inference exactly what it saw in
 training.  Message indices in the transcript are the trajectory's, so evidence the critic cites
 points into the real conversation.  Long prompts keep the policy and the newest messages.
+
+A critic model with ``critic.model.entity_aliases`` reads the conversation as an aliased policy
+does (:mod:`cast_rl.models.aliases`: ``[order_1]`` for the first order id the conversation
+shows): :func:`aliased` gives the request it reads and the table that maps its answer back, so
+what it learns is not tied to one database's identifiers.  An identifier the conversation never
+showed stays real in the proposal, which is what a hallucinated one looks like.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Any
 
 from cast_rl.critique.context import RESPOND, message_text
 from cast_rl.critique.records import VerifyRequest
+from cast_rl.models.aliases import AliasTable, EntityAliases
 from cast_rl.records import CRITIC_NAME
 
 CRITIC_SYSTEM = """You are the critic of a {domain} customer-service agent. You check one proposed \
@@ -57,6 +64,19 @@ def render_proposal(proposal: dict[str, Any]) -> str:
     if name == RESPOND:
         return f"reply to the user: {kwargs.get('content', '')}"
     return f"call {name}({json.dumps(kwargs, ensure_ascii=False)})"
+
+
+def aliased(request: VerifyRequest, aliases: EntityAliases | None) -> tuple[VerifyRequest, AliasTable | None]:
+    """The request as a critic with ``aliases`` reads it, and the table of its conversation
+    (``None`` without aliases: the request itself).  The proposal's arguments name the aliases of
+    identifiers the conversation showed; any other identifier stays real."""
+    if aliases is None:
+        return request, None
+    messages, table = aliases.apply(request.messages)
+    kwargs = request.proposal.get("kwargs") or {}
+    shown = json.loads(aliases.to_policy(table, json.dumps(kwargs, ensure_ascii=False)))
+    proposal = {**request.proposal, "kwargs": shown}
+    return VerifyRequest(request.domain, request.policy, messages, proposal), table
 
 
 def critic_messages(request: VerifyRequest, max_chars: int = 24_000) -> list[dict[str, str]]:

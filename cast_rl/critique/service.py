@@ -26,6 +26,7 @@ from cast_rl.critique.rationale import CRITIQUE_REGEX
 from cast_rl.critique.verifier import Critique, ModelVerifier, RuleVerifier, Verifier, VerifyRequest
 from cast_rl.inference import build_engine
 from cast_rl.inference.base import Sampling
+from cast_rl.models.aliases import EntityAliases
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +51,16 @@ def _model(cfg: CriticConfig, tools: dict[str, list[dict[str, Any]]] | None, eng
     if engine is None:
         # critic.model.dtype: a trained critic is saved in float32 (the learner's master weights)
         engine = build_engine(cfg.model.path, cfg.inference, seed=cfg.model.seed, dtype=cfg.model.dtype)
-    return ModelVerifier(engine, critic_sampling(cfg), max_prompt_chars=cfg.max_prompt_chars, name=cfg.model.path,
-                         min_invalid_prob=cfg.min_invalid_prob)
+    return model_verifier(cfg, engine)
+
+
+def model_verifier(cfg: CriticConfig, engine: Any, adapter: str | None = None, owns_engine: bool = True) -> ModelVerifier:
+    """The model critic ``cfg`` describes over ``engine`` (``adapter``: the engine's LoRA adapter
+    that serves it; ``owns_engine=False``: closing the critic leaves the engine running)."""
+    aliases = EntityAliases(cfg.model.entity_aliases) if cfg.model.entity_aliases else None
+    return ModelVerifier(engine, critic_sampling(cfg, adapter=adapter), max_prompt_chars=cfg.max_prompt_chars,
+                         name=cfg.model.path, owns_engine=owns_engine, min_invalid_prob=cfg.min_invalid_prob,
+                         aliases=aliases)
 
 
 def critic_sampling(cfg: CriticConfig, adapter: str | None = None) -> Sampling:

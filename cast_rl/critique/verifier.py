@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from cast_rl.critique.context import ActionRef, Visible
-from cast_rl.critique.prompt import critic_messages
+from cast_rl.critique.prompt import aliased, critic_messages
 from cast_rl.critique.rationale import (
     Rationale,
     format_critique,
@@ -33,6 +33,7 @@ from cast_rl.critique.rationale import (
 from cast_rl.critique.records import VERDICTS, Critique, Verifier, VerifyRequest
 from cast_rl.critique.rules import choose, get_rules, to_rationale, visible_findings
 from cast_rl.inference.base import Sampling
+from cast_rl.models.aliases import EntityAliases
 
 __all__ = ["VERDICTS", "Critique", "GuardedVerifier", "ModelVerifier", "RuleVerifier", "Verifier",
            "VerifyRequest"]
@@ -77,11 +78,14 @@ class ModelVerifier:
     The answer is parsed into the rationale schema; an answer that does not follow the format
     (or a failed generation) is reported with verdict ``unparsable``, never as valid.  Every
     critique names the critic that wrote it (``name``: default the engine's model directory).
+    With ``aliases`` (``critic.model.entity_aliases``) the critic reads the conversation aliased
+    and the aliases in its answer are mapped back to the conversation's identifiers before the
+    answer is parsed (:func:`cast_rl.critique.prompt.aliased`).
     """
 
     def __init__(
         self, engine: Any, sampling: Any = None, max_prompt_chars: int = 24_000, name: str = "",
-        owns_engine: bool = True, min_invalid_prob: float = 0.0,
+        owns_engine: bool = True, min_invalid_prob: float = 0.0, aliases: EntityAliases | None = None,
     ) -> None:
         self.engine = engine
         self.owns_engine = owns_engine
@@ -90,6 +94,7 @@ class ModelVerifier:
         self.sampling = sampling or Sampling(max_new_tokens=256, temperature=0.0, logprobs=False)
         self.max_prompt_chars = max_prompt_chars
         self.name = name or str(getattr(engine, "model_path", "model"))
+        self.aliases = aliases
         self.min_invalid_prob = min_invalid_prob
         """``critic.min_invalid_prob``: an "invalid" below it is judged valid (:meth:`confident`)."""
         if min_invalid_prob > 0 and not (self.sampling.logprobs and getattr(engine, "tokenizer", None) is not None):
@@ -97,17 +102,21 @@ class ModelVerifier:
                              "tokenizer (a vLLM engine; sampling with logprobs=True)")
 
     async def verify(self, requests: list[VerifyRequest]) -> list[Critique]:
+        views = [aliased(r, self.aliases) for r in requests]
         results = await asyncio.gather(
-            *(
-                self.engine.chat(critic_messages(r, self.max_prompt_chars), self.sampling)
-                for r in requests
-            ),
+            *(self.engine.chat(critic_messages(view, self.max_prompt_chars), self.sampling) for view, _ in views),
             return_exceptions=True,
         )
-        critiques = [self.parse(r) for r in results]
+        critiques = [self.parse(self.real(r, table)) for r, (_, table) in zip(results, views)]
         if self.min_invalid_prob > 0:
             critiques = [self.confident(c, r) for c, r in zip(critiques, results)]
         return [replace(c, critic=self.name) for c in critiques]
+
+    def real(self, result: Any, table: Any) -> Any:
+        """The completion with the aliases it names mapped back (the result itself without aliases)."""
+        if table is None or self.aliases is None or isinstance(result, BaseException):
+            return result
+        return replace(result, text=self.aliases.to_real(table, result.text))
 
     def confident(self, critique: Critique, completion: Any) -> Critique:
         """``critique``, or a valid one when it says invalid with a verdict token less probable

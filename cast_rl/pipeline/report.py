@@ -35,7 +35,8 @@ from cast_rl.viewer.sources import ViewerInputError
 logger = logging.getLogger(__name__)
 
 
-STAGE_TAGS = {"eval_before": "before", "eval_critic": "before", "eval_after": "after", "eval_rft": "rft"}
+STAGE_TAGS = {"eval_before": "before", "eval_critic": "before", "eval_after": "after", "eval_rule": "after",
+              "eval_rft": "rft"}
 """The tag each evaluation stage's configurations get in the merged report (their ``stage``)."""
 TAG_LABELS = {"before": "before", "after": "after", "rft": "after (RFT)"}
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from cast_rl.config.schema import CastConfig, CriticConfig
 from cast_rl.critique.service import build_verifier as build_backend
-from cast_rl.critique.service import critic_sampling
-from cast_rl.critique.verifier import Critique, ModelVerifier, Verifier, VerifyRequest
+from cast_rl.critique.service import model_verifier
+from cast_rl.critique.verifier import Critique, Verifier, VerifyRequest
 from cast_rl.envs.core import DomainData
 from cast_rl.inference.adapters import ADAPTER_CONFIG, read_adapter
 
@@ -47,9 +47,7 @@ class SharedEngineCritic:
     def __init__(self, engine: Any, critic: CriticConfig) -> None:
         self.engine = engine
         self.adapter_dir = critic_adapter_dir(critic)
-        self.inner = ModelVerifier(engine, critic_sampling(critic, adapter=CRITIC_ADAPTER),
-                                   max_prompt_chars=critic.max_prompt_chars, name=critic.model.path, owns_engine=False,
-                                   min_invalid_prob=critic.min_invalid_prob)
+        self.inner = model_verifier(critic, engine, adapter=CRITIC_ADAPTER, owns_engine=False)
         self._loaded = False
         self._lock = asyncio.Lock()
 
