@@ -43,7 +43,8 @@ class Policy(Protocol):
     :meth:`~cast_rl.rollout.tokens.ConversationTokens.encode_turn` turns into the policy
     tokenizer's canonical ids.  The runner binds one policy per episode (:meth:`for_episode`),
     copies it with the episode's state (:meth:`fork`, for branches), and lets it set the run's
-    limits (:meth:`limits`).
+    limits (:meth:`limits`).  A policy that keeps no per-episode state and sets no limits
+    subclasses this protocol and inherits those three.
     """
 
     tokenizer: Any
@@ -55,15 +56,15 @@ class Policy(Protocol):
 
     def for_episode(self, data: DomainData, spec: EpisodeSpec) -> Policy:
         """The policy that plays the episode ``spec`` (itself, or one made for its task)."""
-        ...
+        return self
 
     def fork(self) -> Policy:
         """A copy with its own progress (itself when it keeps none)."""
-        ...
+        return self
 
     def limits(self, cfg: CastConfig) -> CastConfig:
         """``cfg`` with the step and context limits that bind this policy."""
-        ...
+        return cfg
 
 
 @dataclass

@@ -15,11 +15,9 @@ import copy
 import json
 from typing import Any
 
-from cast_rl.config.schema import CastConfig
-from cast_rl.envs.core import DomainData
 from cast_rl.envs.types import RESPOND, Action
 from cast_rl.inference.base import Completion, InferenceEngine, Sampling
-from cast_rl.rollout.episode import EpisodeSpec, EpisodeState, Policy
+from cast_rl.rollout.episode import EpisodeState, Policy
 
 
 def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
@@ -33,7 +31,7 @@ def action_text(action: Action) -> str:
     return str(action.kwargs.get("content", "")) if action.name == RESPOND else tool_call_text(action.name, action.kwargs)
 
 
-class ModelPolicy:
+class ModelPolicy(Policy):
     """A model served by an inference engine: it generates from the conversation's token ids."""
 
     def __init__(self, engine: InferenceEngine) -> None:
@@ -43,17 +41,8 @@ class ModelPolicy:
     async def act(self, state: EpisodeState, sampling: Sampling) -> Completion:
         return await self.engine.generate(state.conv.token_ids, sampling)
 
-    def for_episode(self, data: DomainData, spec: EpisodeSpec) -> Policy:
-        return self
 
-    def fork(self) -> Policy:
-        return self
-
-    def limits(self, cfg: CastConfig) -> CastConfig:
-        return cfg
-
-
-class ScriptedPolicy:
+class ScriptedPolicy(Policy):
     """A policy that decides from the episode's messages (real identifiers) and writes text.
 
     Subclasses implement :meth:`decide`; the turn's tokens come from
@@ -71,14 +60,8 @@ class ScriptedPolicy:
     async def act(self, state: EpisodeState, sampling: Sampling) -> Completion:
         return state.conv.encode_turn(self.decide(state.messages))
 
-    def for_episode(self, data: DomainData, spec: EpisodeSpec) -> Policy:
-        return self
-
     def fork(self) -> Policy:
         return copy.copy(self)
-
-    def limits(self, cfg: CastConfig) -> CastConfig:
-        return cfg
 
     async def close(self) -> None:
         return None

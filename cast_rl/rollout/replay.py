@@ -12,7 +12,6 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from cast_rl.config.schema import CastConfig
 from cast_rl.critique.verifier import Critique
 from cast_rl.envs.core import DomainData
 from cast_rl.inference.base import Completion, Sampling
@@ -83,7 +82,7 @@ async def replay(runner: Replays, traj: Trajectory, message_index: int) -> Episo
     return state
 
 
-class RecordedPolicy:
+class RecordedPolicy(Policy):
     """Policy and verifier in one: answers a replay with a trajectory's recorded turns and
     critiques, turn by turn (see :func:`replay`)."""
 
@@ -102,15 +101,6 @@ class RecordedPolicy:
         self._next += 1
         return Completion(text="", token_ids=self._traj.token_ids[t.start:t.end],
                           logprobs=self._traj.logprobs[t.start:t.end])
-
-    def for_episode(self, data: DomainData, spec: EpisodeSpec) -> Policy:
-        return self
-
-    def fork(self) -> Policy:
-        return self
-
-    def limits(self, cfg: CastConfig) -> CastConfig:
-        return cfg
 
     async def verify(self, requests: list[Any]) -> list[Any]:
         """The recorded critique of the turn just served; a turn the critic never saw gets a
