@@ -22,9 +22,10 @@ from cast_rl.config import load_config
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _config(report: dict, stage: str, budget: int, critic: str = "trained") -> dict:
-    """The configuration of ``stage`` at ``budget``; with a critic (budget > 0), the one whose
-    critic was ``critic`` (rule or trained)."""
+def _config(report: dict, stage: str, budget: int, critic: str = "") -> dict:
+    """The configuration of ``stage`` at ``budget``; with a critic (budget > 0) and ``critic``
+    (rule or trained), the one whose critic that was (stages eval_critic and eval_rule add a
+    second critic's configurations)."""
     found = [c for c in report["configurations"] if c["stage"] == stage and c["verification_budget"] == budget
              and (not budget or str(c.get("critic_used", "")).startswith(critic))]
     assert len(found) == 1, (stage, budget, critic, [c["name"] for c in report["configurations"]])
@@ -32,11 +33,11 @@ def _config(report: dict, stage: str, budget: int, critic: str = "trained") -> d
 
 
 def _pass(report: dict, stage: str, budget: int, group: str = "retail/test", k: int = 1,
-          critic: str = "trained") -> float:
+          critic: str = "") -> float:
     return _config(report, stage, budget, critic)["groups"][group]["pass^k"][f"pass^{k}"]
 
 
-def _pass1(report: dict, stage: str, budget: int, group: str = "retail/test", critic: str = "trained") -> float:
+def _pass1(report: dict, stage: str, budget: int, group: str = "retail/test", critic: str = "") -> float:
     return _pass(report, stage, budget, group, critic=critic)
 
 
