@@ -3,13 +3,17 @@
 The actor is threaded (``max_concurrency``): a learner blocked in ``sample`` (waiting for fresh
 samples) or a producer blocked in ``admit`` does not stop rollout workers from adding.
 
-The actor imports no torch and none of the learner (``tests/learner/test_replay_buffer.py``
-checks): samples, their sharding and batch metrics come from the torch-free
-:mod:`cast_rl.samples`.
+The training loop hands the actor a collection by reference (:meth:`ReplayBufferClient.add_collection`):
+the trajectories come from the rollout workers' object stores, and the actor builds their
+samples (:mod:`cast_rl.samples.builders`) where they arrive.  The actor imports no torch and none
+of the learner (``tests/learner/test_replay_buffer.py`` checks): samples, their builders, sharding
+and batch metrics come from the torch-free :mod:`cast_rl.samples`; verl's advantage estimator
+runs in a Ray task (:func:`advantages_in_task`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +35,13 @@ class ReplayBufferActor:
     def add(self, samples: list[Sample], trajectories: list[Trajectory] | None = None) -> AddResult:
         return self.buffer.add(samples, trajectories)
 
-    def add_chunks(self, samples: list[Sample], *chunks: list[Trajectory]) -> AddResult:
-        """``add``, the trajectories given as the rollout workers' chunk results, in order: each
-        argument an object reference Ray resolves here, from the store the result lies in (the
-        driver does not send them again)."""
-        return self.buffer.add(samples, [t for chunk in chunks for t in chunk])
+    def add_collection(self, build: Callable[..., list[Sample]], *chunks: list[Trajectory]) -> AddResult:
+        """A collection given as the rollout workers' chunk results, in order (each argument an
+        object reference Ray resolves here, from the store the result lies in: the trajectories
+        never pass through the driver): builds its samples with ``build`` (advantages computed
+        in a Ray task, :func:`advantages_in_task`) and adds them with the trajectories."""
+        trajectories = [t for chunk in chunks for t in chunk]
+        return self.buffer.add(build(trajectories, advantages=advantages_in_task), trajectories)
 
     def admit(self, policy_version: int, n: int, timeout_s: float | None = None) -> bool:
         return self.buffer.admit(policy_version, n, timeout_s)
@@ -68,6 +74,22 @@ class ReplayBufferActor:
         return len(self.buffer)
 
 
+@ray.remote(num_cpus=0)
+def _advantages(*args: Any) -> list[float]:
+    from cast_rl.samples.builders import (
+        verl_advantages,  # torch and verl load in this task's process
+    )
+
+    return verl_advantages(*args)
+
+
+def advantages_in_task(*args: Any) -> list[float]:
+    """:func:`cast_rl.samples.builders.verl_advantages` run in a Ray task, so the buffer's actor
+    builds samples without importing torch (it sends rewards, masks and group ids; one float per
+    sequence comes back)."""
+    return ray.get(_advantages.remote(*args))
+
+
 class ReplayBufferClient:
     """Calls the actor and waits: the same methods as :class:`ReplayBuffer` for the driver loop."""
 
@@ -76,12 +98,13 @@ class ReplayBufferClient:
         self.handle = actor.options(**options).remote(cfg, str(log_path) if log_path else None, batch_size)
 
     def add(self, samples: list[Sample], trajectories: list[Trajectory] | None = None) -> AddResult:
-        """A rollout group's collection (``chunk_refs``: :class:`actors.rollout_group.Collected`)
-        reaches the actor as the workers' results, by reference; other trajectories by value."""
-        if refs := getattr(trajectories, "chunk_refs", None):
-            return ray.get(self.handle.add_chunks.remote(samples, *refs))
-        plain = None if trajectories is None else list(trajectories)  # a plain list: no driver class
-        return ray.get(self.handle.add.remote(samples, plain))
+        return ray.get(self.handle.add.remote(samples, trajectories))
+
+    def add_collection(self, handles: list[Any], build: Callable[..., list[Sample]]) -> AddResult:
+        """A rollout group's collection by its chunk results' references
+        (:meth:`actors.rollout_group.RolloutGroup.collect_refs`): the actor fetches the
+        trajectories from the workers' object stores and builds the samples with ``build``."""
+        return ray.get(self.handle.add_collection.remote(build, *handles))
 
     def admit(self, policy_version: int, n: int, timeout_s: float | None = None) -> bool:
         return ray.get(self.handle.admit.remote(policy_version, n, timeout_s))

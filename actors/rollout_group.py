@@ -24,7 +24,7 @@ from cast_rl.config.schema import CastConfig, CriticConfig
 from cast_rl.critique.blame import BlameRecord
 from cast_rl.envs.types import is_success
 from cast_rl.eval.net_benefit import BenefitReport
-from cast_rl.records import Trajectory
+from cast_rl.records import EpisodeSummary, Trajectory
 from cast_rl.rollout.collector import Tree, Unit
 from cast_rl.rollout.worker import merge_worker_metrics
 
@@ -33,14 +33,10 @@ logger = logging.getLogger(__name__)
 _WORKER_FAILURES = (RayActorError, ActorDiedError, ActorUnavailableError)
 
 
-class Collected(list[Trajectory]):
-    """What :meth:`RolloutGroup.collect` returns: the trajectories, in unit order, and
-    ``chunk_refs``, the object references of the worker results they came in, in chunk order
-    (their concatenation is this list).  A Ray consumer given the list (the replay buffer's
-    client) can pass the references on, so the trajectories travel from the workers' object
-    stores to it directly instead of being serialized again by the driver."""
-
-    chunk_refs: list[Any]
+def _continuation(episode: Trajectory | EpisodeSummary) -> bool:
+    if isinstance(episode, EpisodeSummary):
+        return episode.continuation
+    return episode.tree is not None and episode.tree.is_continuation
 
 
 def default_chunk_size(units: int, workers: int, episodes_in_flight: int) -> int:
@@ -92,26 +88,53 @@ class RolloutGroup:
         The :class:`~cast_rl.rollout.collector.Collector` protocol, plus two keyword-only
         options: ``on_done`` sees each trajectory as its chunk returns (the pipeline streams them
         to disk), ``chunk_size`` overrides ``rollout.chunk_size``."""
+        chunks = self._run_chunks(units, chunk_size, lambda worker, chunk: (worker.collect.remote(chunk, tree), None),
+                                  on_done)
+        done: dict[Unit, list[Trajectory]] = {}
+        for _, trajectories in chunks:
+            for traj in trajectories:
+                done.setdefault((traj.split, traj.task_index, traj.trial), []).append(traj)
+        return [t for u in units for t in done[u]]
+
+    def collect_refs(self, units: list[Unit], tree: Tree | None = None) -> tuple[list[Any], list[EpisodeSummary]]:
+        """``collect`` for a consumer on the cluster (the replay buffer's actor): the object
+        references of the workers' results, in chunk order (their values concatenated hold one
+        trajectory per unit, each tree's continuations after its root), and the episodes'
+        summaries; the trajectories themselves never come to the caller."""
+        def submit(worker: Any, chunk: list[Unit]) -> tuple[Any, Any]:
+            trajectories, summaries = worker.collect_summarized.remote(chunk, tree)
+            return summaries, trajectories
+
+        chunks = self._run_chunks(units, None, submit)
+        return [ref for ref, _ in chunks], [s for _, summaries in chunks for s in summaries]
+
+    def _run_chunks(self, units: list[Unit], chunk_size: int | None,
+                    submit: Callable[[Any, list[Unit]], tuple[Any, Any]],
+                    on_done: Callable[[Any], None] | None = None) -> list[tuple[Any, list[Any]]]:
+        """Cut ``units`` into chunks and run them on idle workers until each has returned:
+        ``submit(worker, chunk)`` starts one and gives (the reference to wait on and read, a
+        handle kept beside it); a chunk whose worker died goes back on the queue.  Returns
+        (handle, what was read) per chunk, in chunk order, after checking that the episodes read
+        (trajectories or summaries) are the units, each once (tree continuations aside)."""
         if len(set(units)) != len(units):
             raise ValueError("collect() got duplicate (split, task_index, trial) units")
         size = chunk_size or self.cfg.rollout.chunk_size or default_chunk_size(
             len(units), len(self.workers), self.cfg.rollout.episodes_in_flight
         )
         queue: deque[tuple[int, list[Unit]]] = deque(enumerate(units[i : i + size] for i in range(0, len(units), size)))
-        done: dict[Unit, list[Trajectory]] = {}
-        results: dict[int, tuple[Any, list[Trajectory]]] = {}  # chunk index -> (its result's reference, value)
-        running: dict[Any, tuple[int, int, list[Unit]]] = {}
+        results: dict[int, tuple[Any, list[Any]]] = {}
+        running: dict[Any, tuple[int, int, list[Unit], Any]] = {}
         idle = list(range(len(self.workers)))
         while queue or running:
             while queue and idle:
                 w = idle.pop(0)
                 c, chunk = queue.popleft()
-                running[self.workers[w].collect.remote(chunk, tree)] = (w, c, chunk)
+                ref, handle = submit(self.workers[w], chunk)
+                running[ref] = (w, c, chunk, handle)
             ready, _ = ray.wait(list(running), num_returns=1)
-            ref = ready[0]
-            w, c, chunk = running.pop(ref)
+            w, c, chunk, handle = running.pop(ready[0])
             try:
-                trajectories = ray.get(ref)
+                episodes = ray.get(ready[0])
             except _WORKER_FAILURES as exc:
                 logger.warning("rollout worker %d failed (%s); requeueing %d episodes", w, type(exc).__name__, len(chunk))
                 self.resubmitted_chunks += 1
@@ -119,24 +142,16 @@ class RolloutGroup:
                 self._wait_alive(w)
                 idle.append(w)
                 continue
-            results[c] = (ref, trajectories)
-            for traj in trajectories:
-                unit = (traj.split, traj.task_index, traj.trial)
-                if unit in done and "point" not in traj.info.get("tree", {}):
-                    # cannot happen with unit-keyed chunks (a tree's continuations name their point)
-                    raise AssertionError(f"duplicate trajectory for {unit}")
-                done.setdefault(unit, []).append(traj)
-                if on_done is not None:
-                    on_done(traj)
+            results[c] = (handle, episodes)
+            if on_done is not None:
+                for episode in episodes:
+                    on_done(episode)
             idle.append(w)
-        missing = [u for u in units if u not in done]
-        assert not missing, f"lost units {missing[:5]}"
-        out = Collected(t for u in units for t in done[u])
-        in_chunks = [t for c in sorted(results) for t in results[c][1]]
-        # the chunks' results, concatenated, are the answer (workers return their units in order)
-        identical = len(in_chunks) == len(out) and all(a is b for a, b in zip(in_chunks, out))
-        out.chunk_refs = [results[c][0] for c in sorted(results)] if identical else []
-        return out
+        ordered = [results[c] for c in sorted(results)]
+        roots = [(e.split, e.task_index, e.trial) for _, episodes in ordered for e in episodes if not _continuation(e)]
+        # cannot fail with unit-keyed chunks: a worker's answer is its chunk's units
+        assert sorted(roots) == sorted(units) and len(set(roots)) == len(roots), "lost or duplicated units"
+        return ordered
 
     def _wait_alive(self, w: int) -> None:
         """Block until the restarted actor answers (its engine reloads), or give up loudly

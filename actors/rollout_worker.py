@@ -17,7 +17,7 @@ from cast_rl.envs.setup import load_env_data
 from cast_rl.envs.users import user_engine
 from cast_rl.eval.net_benefit import BenefitReport, measure_benefit
 from cast_rl.inference import build_engine
-from cast_rl.records import Trajectory
+from cast_rl.records import EpisodeSummary, Trajectory
 from cast_rl.rollout import weights
 from cast_rl.rollout.collector import Tree, Unit
 from cast_rl.rollout.teacher import build_teacher_policy
@@ -45,6 +45,14 @@ class RolloutWorkerActor:
 
     async def collect(self, units: list[Unit], tree: Tree | None = None) -> list[Trajectory]:
         return await self.worker.collect(units, tree)
+
+    @ray.method(num_returns=2)
+    async def collect_summarized(self, units: list[Unit],
+                                 tree: Tree | None = None) -> tuple[list[Trajectory], list[EpisodeSummary]]:
+        """``collect``, as two results: the trajectories (their reference goes on to the replay
+        buffer; the driver never reads it) and their summaries (what the driver reads)."""
+        trajectories = await self.worker.collect(units, tree)
+        return trajectories, [t.summary() for t in trajectories]
 
     async def blame(self, trajectories: dict[int, Trajectory], labels: list[dict[str, Any]], k: int,
                     seed: int) -> list[BlameRecord]:

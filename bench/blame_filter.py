@@ -241,9 +241,9 @@ def _train_critic(cfg: Any, train: Path, out: Path) -> Path:
     import torch
     from transformers import AutoTokenizer
 
-    from cast_rl.learner.critique_samples import supervised_from_parquet
     from cast_rl.learner.engine import LearnerEngine
     from cast_rl.learner.loop import train_supervised
+    from cast_rl.samples.builders import supervised_from_parquet
     from cast_rl.telemetry import MetricsLogger
 
     torch.set_num_threads(max(1, int(cfg.learner.num_cpus_per_worker)))

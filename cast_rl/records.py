@@ -8,10 +8,11 @@ One line per episode::
      "verification_rounds": [...],  # critic-in-the-loop rounds, see VerificationRound
      "turns": [...],                # per assistant message: token span, action, verdict (PolicyTurn)
      "token_ids": [...], "loss_mask": [...], "logprobs": [...],
+     "tree": null,                  # tree rollouts only: points / point, branch, env_steps (TreeNode)
      "info": {...}}                 # termination, policy versions, token consistency, timing
 
-``turns`` and ``verification_rounds`` are :class:`PolicyTurn` and :class:`VerificationRound`
-records in memory and plain objects on disk (``dataclasses.asdict``); :meth:`Trajectory.from_json`
+``turns``, ``verification_rounds`` and ``tree`` are :class:`PolicyTurn`, :class:`VerificationRound`
+and :class:`TreeNode` records in memory and plain objects on disk (``dataclasses.asdict``); :meth:`Trajectory.from_json`
 and ``Trajectory(...)`` turn objects back into records and name a line's unknown or missing
 fields.  Counts are read from the turns, not kept twice: :attr:`Trajectory.policy_tokens`,
 ``prompt_tokens``, ``malformed_calls``, ``extra_calls_dropped``, ``env_steps`` (with ``jq``:
@@ -92,6 +93,45 @@ class PolicyTurn:
 
 
 @dataclass
+class TreeNode:
+    """Where a trajectory sits in a tree rollout (step-level GRPO,
+    :func:`~cast_rl.rollout.tree.run_tree`): the root lists the decision points branched from;
+    a continuation names its point and branch."""
+
+    env_steps: int
+    """Environment steps this episode cost: the root all of its own, a continuation only the
+    actions after its branch point (the prefix is the root's)."""
+    points: list[int] | None = None
+    """The root's decision points (message indices) that continuations start from."""
+    point: int | None = None
+    """A continuation's branch point: the message index of the state it was forked from."""
+    branch: int = 0
+    """A continuation's number at its point (1..K-1); 0 for the root."""
+
+    @property
+    def is_continuation(self) -> bool:
+        return self.point is not None
+
+
+@dataclass(frozen=True)
+class EpisodeSummary:
+    """What a driver keeps of an episode whose trajectory went elsewhere (the replay buffer
+    receives a collection from the rollout workers by reference): the unit, its outcome and
+    what it cost, enough for the loop's collection metrics."""
+
+    domain: str
+    split: str
+    task_index: int
+    trial: int
+    reward: float
+    env_steps: int
+    """:attr:`Trajectory.cost_steps`."""
+    critique_rounds: int
+    continuation: bool
+    """A tree continuation (its unit is its root's)."""
+
+
+@dataclass
 class Trajectory:
     """One episode with its outcome and exact token bookkeeping."""
 
@@ -110,8 +150,12 @@ class Trajectory:
     turns: list[PolicyTurn] = field(default_factory=list)
     """One :class:`PolicyTurn` per assistant message, in order; empty in files written before
     turns were recorded (readers then fall back where they can)."""
+    tree: TreeNode | None = None
+    """Set on the episodes of a tree rollout; None for a plain episode."""
 
     def __post_init__(self) -> None:
+        if self.tree is not None:
+            self.tree = _record(TreeNode, self.tree, "tree")
         self.verification_rounds = [_record(VerificationRound, r, f"verification_rounds[{i}]")
                                     for i, r in enumerate(self.verification_rounds)]
         self.turns = [_record(PolicyTurn, t, f"turns[{i}]") for i, t in enumerate(self.turns)]
@@ -145,6 +189,18 @@ class Trajectory:
         """Actions the episode took (tool calls, replies, malformed turns; not the proposals the
         critic rejected): its environment steps.  0 for lines written before turns were recorded."""
         return sum(1 for t in self.turns if t.executed)
+
+    @property
+    def cost_steps(self) -> int:
+        """Environment steps collecting this episode cost: :attr:`env_steps`, or for a tree
+        continuation only those after its branch point (the x axis that compares tree and
+        plain collection)."""
+        return self.tree.env_steps if self.tree is not None else self.env_steps
+
+    def summary(self) -> EpisodeSummary:
+        return EpisodeSummary(self.domain, self.split, self.task_index, self.trial, float(self.reward),
+                              self.cost_steps, len(self.verification_rounds),
+                              self.tree is not None and self.tree.is_continuation)
 
     @property
     def key(self) -> tuple[str, str, int, int]:
@@ -197,6 +253,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "verification_rounds": (list,),
     "info": (dict,),
     "turns": (list,),
+    "tree": (dict, type(None)),
 }
 
 

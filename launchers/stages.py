@@ -45,11 +45,6 @@ from cast_rl.eval.net_benefit import (
     noisy_expert_policy,
     write_benefit,
 )
-from cast_rl.learner.critique_samples import (
-    SUPERVISED_KINDS,
-    build_samples,
-    supervised_from_parquet,
-)
 from cast_rl.learner.loop import train_supervised
 from cast_rl.learner.sample import Sample
 from cast_rl.learner.schedule import phase_steps
@@ -61,11 +56,16 @@ from cast_rl.pipeline.context import (
     trained_critic_path,
     warmstart_model_path,
 )
-from cast_rl.records import Trajectory, read_trajectories, write_trajectories
+from cast_rl.records import EpisodeSummary, Trajectory, read_trajectories, write_trajectories
 from cast_rl.rollout.demonstrations import collect_demonstrations
 from cast_rl.rollout.noisy_expert import collect_noisy_demonstrations
 from cast_rl.rollout.teacher import mark_teacher_trajectory
 from cast_rl.rollout.verifiers import build_verifier
+from cast_rl.samples.builders import (
+    SUPERVISED_KINDS,
+    build_samples,
+    supervised_from_parquet,
+)
 from cast_rl.telemetry import MetricsLogger
 from launchers.eval import run_eval
 from launchers.train import train_policy
@@ -593,6 +593,10 @@ class _VersionedCollector:
 
     def collect(self, units: list[tuple[str, int, int]], tree: tuple[int, str] | None = None) -> list[Trajectory]:
         return self.group.collect(units, tree=tree)
+
+    def collect_refs(self, units: list[tuple[str, int, int]],
+                     tree: tuple[int, str] | None = None) -> tuple[list[Any], list[EpisodeSummary]]:
+        return self.group.collect_refs(units, tree=tree)
 
     def update_weights(self, version: int, weights: Any, checksum: str) -> Any:
         self.ctx.sync_policy(version, weights, checksum)

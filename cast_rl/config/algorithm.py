@@ -48,7 +48,7 @@ class AlgorithmConfig:
     credit (dynamic sampling on the raw outcome; sync mode only, where a short collection is
     followed by another); counted as rollout/zero_variance_group_frac."""
     samples: list[str] = field(default_factory=lambda: ["outcome_groups"])
-    """Critique-aware sample kinds (cast_rl.learner.critique_samples): outcome_groups (GRPO with
+    """Critique-aware sample kinds (cast_rl.samples.builders): outcome_groups (GRPO with
     turn-level critic credit), revision, supervised (critique-enriched SFT), distill
     (critique-free distillation of revisions), rft (successes without critique), step_groups
     (step-level GRPO on tree rollouts: tree_branches continuations from each tree_points state)."""

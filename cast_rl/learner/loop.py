@@ -14,6 +14,14 @@ and the replay cursor; :meth:`TrainLoop.resume` restores them and rewinds the bu
 run resumes exactly.  In async mode, tasks handed to a collection that was still running at the
 checkpoint are not collected again after a resume (skipped, never duplicated).
 
+A collection's trajectories cross the cluster once.  With a Ray rollout group and the Ray replay
+buffer (:class:`RefCollector` and :class:`CollectionBuffer`), the driver asks the group for the
+workers' result references and episode summaries only, and hands the references to the buffer's
+actor with the sample recipe (:func:`~cast_rl.samples.builders.build_samples` bound to the
+config and the collection's round id): the actor receives the trajectories from the workers'
+object stores, builds the samples and logs both; the driver keeps the summaries for the step's
+metrics.  In process, the loop builds the samples and adds them with the trajectories.
+
 The loop talks to three parts through small interfaces, in-process or Ray alike:
 a collector (:class:`cast_rl.rollout.collector.Collector`: ``collect(units, tree=None)``,
 ``update_weights(version, weights, checksum)``; the rollout group, or
@@ -30,6 +38,7 @@ import random
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -38,10 +47,10 @@ from typing import Any, Protocol, runtime_checkable
 from cast_rl.config.schema import CastConfig, ScheduleConfig
 from cast_rl.inference.weight_sync import state_checksum
 from cast_rl.learner import checkpoint
-from cast_rl.learner.critique_samples import build_samples, zero_variance_groups
-from cast_rl.records import Trajectory
-from cast_rl.rollout.collector import Collector, Unit
+from cast_rl.records import EpisodeSummary
+from cast_rl.rollout.collector import Collector, Tree, Unit
 from cast_rl.samples import Sample, batch_metrics  # batch_metrics: importable from here too
+from cast_rl.samples.builders import build_samples, zero_variance_groups
 from cast_rl.telemetry.metrics import MetricsLogger
 
 logger = logging.getLogger(__name__)
@@ -63,6 +72,25 @@ class ShardDrawer(Protocol):
     Ray buffer's object references), so the samples never pass through the driver."""
 
     def draw(self, n: int, learner_version: int, shards: int) -> tuple[dict[str, float], list[Any]]: ...
+
+
+@runtime_checkable
+class RefCollector(Protocol):
+    """A collector whose trajectories can stay where they were made: ``collect_refs`` returns,
+    for a collection, handles of the trajectories (the Ray rollout group: its workers' result
+    object references, whose values concatenated hold one trajectory per unit, tree
+    continuations after their root) and the episodes' summaries."""
+
+    def collect_refs(self, units: list[Unit], tree: Tree | None = None) -> tuple[list[Any], list[EpisodeSummary]]: ...
+
+
+@runtime_checkable
+class CollectionBuffer(Protocol):
+    """A replay buffer that takes a collection by its handles and builds its samples itself:
+    ``build(trajectories, advantages=...)`` gives the samples (the actor supplies how advantages
+    are computed, so it stays torch-free)."""
+
+    def add_collection(self, handles: list[Any], build: Callable[..., list[Sample]]) -> Any: ...
 
 
 @runtime_checkable
@@ -145,31 +173,26 @@ def tasks_per_step(cfg: CastConfig) -> int:
     return max(1, cfg.learner.global_batch_size // cfg.rollout.trials_per_task)
 
 
-def collection_metrics(collections: list[list[Trajectory]]) -> dict[str, float]:
+def collection_metrics(collections: list[list[EpisodeSummary]]) -> dict[str, float]:
     """What the collections behind one optimizer step cost and held: counts summed over all of
     them (a sync step collects again while dynamic sampling leaves it short of a batch), means
     over their episodes, and zero-variance groups counted within each collection."""
-    trajs = [t for c in collections for t in c]
-    if not trajs:
+    episodes = [e for c in collections for e in c]
+    if not episodes:
         return {}
     zero, groups = (sum(x) for x in zip(*(zero_variance_groups(c) for c in collections if c)))
-    roots = [t for t in trajs if "point" not in t.info.get("tree", {})]
+    roots = [e for e in episodes if not e.continuation]
     return {
-        "train/reward_mean": statistics.fmean(t.reward for t in trajs),
-        "train/episodes": float(len(trajs)),
+        "train/reward_mean": statistics.fmean(e.reward for e in episodes),
+        "train/episodes": float(len(episodes)),
         "train/collections": float(sum(1 for c in collections if c)),
         # environment steps the collections cost (a tree continuation counts only what follows
         # its branch point): the x axis for comparing tree and plain collection
-        "train/env_steps": float(sum(_env_steps(t) for t in trajs)),
-        "train/root_reward_mean": statistics.fmean(t.reward for t in roots) if roots else 0.0,
-        "rollout/critique_rounds": float(sum(len(t.verification_rounds) for t in trajs)),
+        "train/env_steps": float(sum(e.env_steps for e in episodes)),
+        "train/root_reward_mean": statistics.fmean(e.reward for e in roots) if roots else 0.0,
+        "rollout/critique_rounds": float(sum(e.critique_rounds for e in episodes)),
         "rollout/zero_variance_group_frac": zero / groups,
     }
-
-
-def _env_steps(traj: Trajectory) -> int:
-    tree = traj.info.get("tree")
-    return int(tree["env_steps"]) if tree else traj.env_steps
 
 
 def _newer(version: list[int], than: int, stop: threading.Event) -> bool:
@@ -195,12 +218,14 @@ class TrainLoop:
             cfg, algorithm=dataclasses.replace(algo, filter_zero_variance_groups=False))
         self.history: list[dict[str, float]] = []
         self._lock = threading.Lock()  # cursor and round counter, shared with the producer thread
-        self._collections: list[list[Trajectory]] = []  # since the last finished step
+        self._collections: list[list[EpisodeSummary]] = []  # since the last finished step
 
     # ------------------------------------------------------------------ named steps
 
-    def collect_and_label(self) -> tuple[list[Trajectory], int]:
-        """Collect one round of episodes and add their samples to the buffer."""
+    def collect_and_label(self) -> tuple[list[EpisodeSummary], int]:
+        """Collect one round of episodes and add their samples to the buffer (by reference
+        when both sides can, see the module doc); returns the episodes' summaries and how many
+        samples the buffer accepted."""
         with self._lock:
             units = self.cursor.next_units(tasks_per_step(self.cfg), self.cfg.rollout.trials_per_task)
             round_id = f"r{self.state.rounds}"
@@ -208,12 +233,17 @@ class TrainLoop:
         algo = self.cfg.algorithm
         # step_groups: tree rollouts, continuations from decision points
         tree = (algo.tree_branches, algo.tree_points) if "step_groups" in algo.samples else None
-        trajs = self.collector.collect(units, tree=tree)
-        samples = build_samples(trajs, self._sample_cfg, round_id)
-        added = self.buffer.add(samples, trajs)  # the log refers to the trajectories' tokens
+        recipe = partial(build_samples, cfg=self._sample_cfg, round_id=round_id)
+        if isinstance(self.collector, RefCollector) and isinstance(self.buffer, CollectionBuffer):
+            handles, summaries = self.collector.collect_refs(units, tree=tree)
+            added = self.buffer.add_collection(handles, recipe)
+        else:
+            trajs = self.collector.collect(units, tree=tree)
+            added = self.buffer.add(recipe(trajs), trajs)  # the log refers to the trajectories' tokens
+            summaries = [t.summary() for t in trajs]
         with self._lock:
-            self._collections.append(trajs)
-        return trajs, added.accepted
+            self._collections.append(summaries)
+        return summaries, added.accepted
 
     def update(self, size: int | None = None) -> dict[str, float]:
         """Draw a global batch (``size`` samples, default the configured one) and take one step."""

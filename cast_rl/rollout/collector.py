@@ -19,6 +19,11 @@ exactly (``tests/rollout/test_collector_protocol.py``); an implementation may ta
 only as keyword-only parameters with defaults (the rollout group's ``on_done`` and
 ``chunk_size``), never ``**kwargs``.
 
+A collector on a Ray cluster (the rollout group) also offers ``collect_refs(units, tree=None)``:
+the same collection as object references of its workers' results, plus the episodes'
+summaries, so the training loop hands the trajectories to the replay buffer's actor without
+receiving them (:class:`cast_rl.learner.loop.RefCollector`).
+
 This module imports nothing of the library but the record types, so every layer can name it.
 """
 

@@ -16,7 +16,7 @@ from typing import Protocol
 from cast_rl.config.schema import CastConfig
 from cast_rl.envs.core import DomainData
 from cast_rl.envs.types import Action
-from cast_rl.records import Trajectory
+from cast_rl.records import Trajectory, TreeNode
 from cast_rl.rollout.episode import EpisodeSpec, EpisodeState
 
 
@@ -38,22 +38,21 @@ async def run_tree(runner: Continues, spec: EpisodeSpec, branches: int, points: 
     """An episode and ``branches - 1`` more continuations from each of its decision points
     named by ``points`` (writes, flagged, all: see :func:`tree_points`), root first.
 
-    The root's ``info["tree"]`` lists the points; each continuation's names its ``point``,
-    ``branch`` (1..K-1) and ``env_steps`` (actions after the point: what it cost beyond the
-    shared prefix).  Continuations sample with seeds of their own, so a stochastic policy
+    Each episode's :attr:`~cast_rl.records.Trajectory.tree` says where it sits: the root's
+    lists the points; each continuation's names its ``point``, ``branch`` (1..K-1) and
+    ``env_steps`` (actions after the point: what it cost beyond the shared prefix).  Continuations sample with seeds of their own, so a stochastic policy
     explores from the very state the root was in.
     """
     snapshots: dict[int, EpisodeState] = {}
     root = await runner.run(spec, on_decision=partial(_keep_first, snapshots))
     chosen = [p for p in tree_points(root, points, runner.data.spec.write_tools) if p in snapshots]
-    root.info["tree"] = {"points": chosen, "env_steps": root.env_steps}
+    root.tree = TreeNode(env_steps=root.env_steps, points=chosen)
 
     async def grow(point: int, branch: int) -> Trajectory:
         seed = zlib.crc32(repr(("tree", runner.cfg.seed, spec.key, point, branch)).encode()) & 0x7FFFFFFF
         state = snapshots[point]
         traj = await runner.continue_from(state, seed=seed)
-        traj.info["tree"] = {"point": point, "branch": branch,
-                             "env_steps": traj.env_steps - state.steps}
+        traj.tree = TreeNode(env_steps=traj.env_steps - state.steps, point=point, branch=branch)
         return traj
 
     grown = await asyncio.gather(*(grow(p, b) for p in chosen for b in range(1, branches)))

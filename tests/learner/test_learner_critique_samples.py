@@ -13,7 +13,8 @@ from transformers import AutoTokenizer
 
 from cast_rl.config import load_config
 from cast_rl.learner.batch import collate
-from cast_rl.learner.critique_samples import (
+from cast_rl.records import PolicyTurn, Trajectory
+from cast_rl.samples.builders import (
     build_samples,
     distill_cut,
     revision_samples,
@@ -21,7 +22,6 @@ from cast_rl.learner.critique_samples import (
     verl_advantages,
     zero_variance_groups,
 )
-from cast_rl.records import PolicyTurn, Trajectory
 
 # A critiqued episode, laid out like the rollout runner writes it:
 # 0 system, 1 user, 2 assistant (rejected), 3 critic, 4 assistant (revision, accepted), 5 tool,

@@ -144,3 +144,61 @@ def test_a_step_that_collects_twice_reports_both_collections(tmp_path: Path) -> 
     assert out["train/env_steps"] == 4 * per_episode
     assert out["rollout/zero_variance_group_frac"] == 0.5
     assert out["train/reward_mean"] == 0.75
+
+
+class _RefCollector(_ScriptedCollector):
+    """Hands out each prepared collection as one 'reference' (its position in a store the
+    buffer reads), with the episodes' summaries; ``collect`` by value must not be called."""
+
+    def __init__(self, collections: list[list], store: dict[int, list]) -> None:
+        super().__init__(collections)
+        self.store = store
+
+    def collect(self, units: list, tree: object = None) -> list:
+        raise AssertionError("the loop asked for the trajectories by value")
+
+    def collect_refs(self, units: list, tree: object = None) -> tuple[list, list]:
+        trajs = self.collections.pop(0)
+        self.store[len(self.store)] = trajs
+        return [len(self.store) - 1], [t.summary() for t in trajs]
+
+
+class _StoreBuffer(ReplayBuffer):
+    """The in-process buffer with the Ray buffer's by-reference entry point."""
+
+    def __init__(self, store: dict[int, list], *args: object) -> None:
+        super().__init__(*args)
+        self.store = store
+
+    def add_collection(self, handles: list, build):  # noqa: ANN001, ANN201
+        trajs = [t for h in handles for t in self.store[h]]
+        return self.add(build(trajs), trajs)
+
+
+def test_the_loop_hands_a_collection_by_reference_when_both_sides_can(tmp_path: Path) -> None:
+    """A collector with ``collect_refs`` and a buffer with ``add_collection``: the driver never
+    reads a trajectory, the buffer builds the same samples, the step's metrics come from the
+    summaries and equal the by-value loop's."""
+    from test_learner_critique_samples import _traj
+
+    from cast_rl.config import load_config
+
+    cfg = load_config(None, [f"run_dir={tmp_path}", "learner.num_workers=1", "learner.micro_batch_size=2",
+                             "learner.global_batch_size=2", "rollout.trials_per_task=2",
+                             "learner.checkpoint_every=null", "logging.mode=disabled"])
+    runs = []
+    for by_ref in (False, True):
+        collections = [[_traj(0, 0, 1.0), _traj(0, 1, 1.0)], [_traj(1, 0, 1.0), _traj(1, 1, 0.0)]]
+        store: dict[int, list] = {}
+        log = tmp_path / str(by_ref) / "log.jsonl"
+        collector = _RefCollector(collections, store) if by_ref else _ScriptedCollector(collections)
+        buffer = _StoreBuffer(store, cfg.replay, log, 2) if by_ref else ReplayBuffer(cfg.replay, log, 2)
+        learner = _CountingLearner()
+        (out,) = TrainLoop(cfg, collector, learner, buffer, tasks=[0, 1], split="test").run(1)
+        runs.append((out, [[(s.key, s.advantage) for s in b] for b in learner.batches], log.read_bytes()))
+    (by_value, batches_v, log_v), (by_ref, batches_r, log_r) = runs
+    assert batches_r == batches_v and log_r == log_v
+    keys = ("train/episodes", "train/collections", "train/env_steps", "train/reward_mean",
+            "rollout/zero_variance_group_frac", "rollout/critique_rounds", "train/root_reward_mean")
+    assert {k: by_ref[k] for k in keys} == {k: by_value[k] for k in keys}
+    assert by_ref["train/episodes"] == 4

@@ -9,7 +9,6 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo import core_algos
 
 from cast_rl.config.schema import AlgorithmConfig
-from cast_rl.learner.critique_samples import verl_advantages
 from cast_rl.learner.losses import (
     GlobalBatchInfo,
     kl_loss,
@@ -18,6 +17,7 @@ from cast_rl.learner.losses import (
     token_logprobs,
     verl_actor_config,
 )
+from cast_rl.samples.builders import verl_advantages
 
 # Multi-turn masks: policy tokens in runs, context (0) between and around them.
 MASKS = [

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from cast_rl.config import load_config
-from cast_rl.learner.critique_samples import build_samples
 from cast_rl.rollout.noisy_expert import NoisyExpertPolicy
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec, tree_points
+from cast_rl.samples.builders import build_samples
 
 K = 4
 
@@ -51,18 +51,18 @@ def test_a_tree_branches_from_the_exact_state_before_each_write(setup) -> None: 
     _, data, _ = setup
     for tree in _trees(setup):
         root, *branches = tree
-        points = root.info["tree"]["points"]
+        points = root.tree.points
         assert points == tree_points(root, "writes", data.spec.write_tools) and len(points) == 1
         assert len(branches) == (K - 1) * len(points)
         (point,) = points
         start = next(t.start for t in root.turns if t.message_index == point)
         for b in branches:
-            assert b.info["tree"]["point"] == point
+            assert b.tree.point == point
             # the shared prefix, token for token, up to the branching turn
             assert b.messages[:point] == root.messages[:point] and b.token_ids[:start] == root.token_ids[:start]
             # what the branch cost: its own actions after the shared prefix
             prefix = sum(1 for t in root.turns if t.message_index < point and t.executed)
-            assert b.info["tree"]["env_steps"] == sum(1 for t in b.turns if t.executed) - prefix > 0
+            assert b.tree.env_steps == sum(1 for t in b.turns if t.executed) - prefix > 0
         # the branches sampled anew: some repeat the root's outcome, some do not
         assert {b.reward for b in tree} == {0.0, 1.0}
 
@@ -77,7 +77,7 @@ def test_step_group_advantages_are_relative_to_the_state_and_start_at_the_branch
     for s in samples:  # each names its own episode (branches share task, trial and prefix)
         assert s.origin is not None and s.origin.logprobs == "trajectory"
         source = trajs[s.origin.trajectory]
-        assert source.info["tree"].get("branch", 0) == s.info["branch"] and source.token_ids == s.token_ids
+        assert source.tree.branch == s.info["branch"] and source.token_ids == s.token_ids
     by_group: dict[str, list] = {}
     for s in samples:
         by_group.setdefault(s.group, []).append(s)
@@ -89,7 +89,7 @@ def test_step_group_advantages_are_relative_to_the_state_and_start_at_the_branch
     # credit covers the branching turn and after, never the shared prefix
     for tree in trees:
         root = tree[0]
-        (point,) = root.info["tree"]["points"]
+        (point,) = root.tree.points
         start = next(t.start for t in root.turns if t.message_index == point)
         (s,) = [s for s in samples if s.info["branch"] == 0 and s.group.endswith(f"/{root.task_index}/0/{point}")]
         assert not any(s.loss_mask[:start]) and s.loss_mask[start] == 1
@@ -99,7 +99,7 @@ def test_a_deterministic_policy_gives_no_step_signal(setup) -> None:  # noqa: AN
     cfg, data, tok = setup
     runner = EpisodeRunner(cfg, data, NoisyExpertPolicy(tok, data.task("train", 0), data.spec.write_tools, None))
     tree = asyncio.run(runner.run_tree(EpisodeSpec("train", 0, 0), K, "all"))
-    assert len(tree) == 1 + (K - 1) * len(tree[0].info["tree"]["points"]) and {t.reward for t in tree} == {1.0}
+    assert len(tree) == 1 + (K - 1) * len(tree[0].tree.points) and {t.reward for t in tree} == {1.0}
     assert build_samples(tree, cfg, "r0") == []  # every group ended alike: dropped
     keep = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, filter_zero_variance_groups=False))
     kept = build_samples(tree, keep, "r0")

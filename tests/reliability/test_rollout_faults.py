@@ -98,8 +98,6 @@ def test_killed_rollout_worker_is_restarted_and_no_episode_is_lost(
         assert delivered == units and Counter(seen) == Counter(units)
         assert num_restarts(group.workers[killed[0]]) == 1
         assert group.resubmitted_chunks >= 1  # its chunk (or the next one it took) ran again
-        # the results the replay buffer would take by reference are the retried chunks' ones
-        assert [t for c in ray_local.get(trajectories.chunk_refs) for t in c] == trajectories
         assert all(t.policy_version == 0 and t.policy_tokens > 0 for t in trajectories)
         # the restarted worker serves again: every worker answers and collects
         again = group.collect([("test", 0, 5), ("test", 1, 5)], chunk_size=1)

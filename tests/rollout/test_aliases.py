@@ -15,11 +15,11 @@ from cast_rl.critique.verifier import RuleVerifier
 from cast_rl.envs.core import ToolEnv
 from cast_rl.envs.types import Action
 from cast_rl.inference.base import Completion, Sampling
-from cast_rl.learner.critique_samples import distill_cut
 from cast_rl.models.aliases import EntityAliases, alias_tokens
 from cast_rl.rollout.noisy_expert import NoisyExpertPolicy
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
 from cast_rl.rollout.tokens import ConversationTokens
+from cast_rl.samples.builders import distill_cut
 
 PATTERNS = {"order": r"#W\d{7}", "user": r"\b[a-z]+_[a-z]+_\d{4}\b", "email": r"[a-z0-9._]+@example\.com"}
 ORDER = re.compile(r"#W\d{7}")

@@ -16,9 +16,9 @@ import pytest
 
 from cast_rl.config import load_config
 from cast_rl.critique.verifier import RuleVerifier
-from cast_rl.learner.critique_samples import build_samples, distill_cut
 from cast_rl.rollout.noisy_expert import ERROR_KINDS, NoisyExpertPolicy, draw_error
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
+from cast_rl.samples.builders import build_samples, distill_cut
 
 
 @pytest.fixture(scope="module")

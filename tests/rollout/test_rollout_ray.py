@@ -62,9 +62,6 @@ def test_two_workers_collect_every_unit_exactly_once(group_and_cfg, tiny_model_d
     trajectories = group.collect(units, on_done=seen.append, chunk_size=3)
     assert [(t.split, t.task_index, t.trial) for t in trajectories] == units
     assert sorted((t.split, t.task_index, t.trial) for t in seen) == sorted(units)
-    # the workers' chunk results, in order, are the collection (the replay buffer takes them so)
-    assert len(trajectories.chunk_refs) == -(-len(units) // 3)
-    assert [t for chunk in ray.get(trajectories.chunk_refs) for t in chunk] == trajectories
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     for traj in trajectories:
         assert traj.policy_version == start["rollout/policy_version"]
@@ -80,19 +77,35 @@ def test_tree_collection_returns_each_root_then_its_continuations(group_and_cfg)
     data = load_domain_data("retail", cfg.env.data_dir)
     units = episode_units(cfg, data)[:4]
     trajectories = group.collect(units, chunk_size=2, tree=(2, "all"))
-    assert [t for chunk in ray.get(trajectories.chunk_refs) for t in chunk] == trajectories
-    roots = [t for t in trajectories if "points" in t.info["tree"]]
+    roots = [t for t in trajectories if t.tree is not None and not t.tree.is_continuation]
     assert [(t.split, t.task_index, t.trial) for t in roots] == units
     position = 0
     for root in roots:
-        points = root.info["tree"]["points"]
+        points = root.tree.points
         assert points == [t.message_index for t in root.turns if t.executed] and points
         grown = trajectories[position + 1 : position + 1 + len(points)]
-        assert trajectories[position] is root and [g.info["tree"]["point"] for g in grown] == points
+        assert trajectories[position] is root and [g.tree.point for g in grown] == points
         for g in grown:  # the prefix before the branch point is the root's, message for message
-            assert g.messages[: g.info["tree"]["point"]] == root.messages[: g.info["tree"]["point"]]
+            assert g.messages[: g.tree.point] == root.messages[: g.tree.point]
         position += 1 + len(points)
     assert position == len(trajectories)
+
+
+def test_collection_by_reference_leaves_the_trajectories_in_the_workers_stores(group_and_cfg) -> None:  # noqa: ANN001
+    """``collect_refs``: the driver gets the workers' result references (in chunk order, their
+    values concatenated are the collection, each tree root then its continuations) and the
+    episodes' summaries, which are the trajectories' own."""
+    group, cfg = group_and_cfg
+    data = load_domain_data("retail", cfg.env.data_dir)
+    units = episode_units(cfg, data)[:3]
+    refs, summaries = group.collect_refs(units, tree=(2, "all"))
+    assert refs and all(isinstance(r, ray.ObjectRef) for r in refs)
+    trajectories = [t for chunk in ray.get(refs) for t in chunk]
+    assert summaries == [t.summary() for t in trajectories]
+    assert [(s.split, s.task_index, s.trial) for s in summaries if not s.continuation] == units
+    grown = [t for t in trajectories if t.tree is not None and t.tree.is_continuation]
+    assert all(s.env_steps == t.tree.env_steps for s, t in zip(summaries, trajectories) if t.tree)
+    assert len(grown) == sum(len(t.tree.points) for t in trajectories if t.tree and not t.tree.is_continuation)
 
 
 def test_weight_update_changes_greedy_output_and_is_versioned(group_and_cfg, tiny_model_dir: Path) -> None:  # noqa: ANN001

@@ -22,11 +22,11 @@ from cast_rl.config import load_config
 from cast_rl.config.schema import CastConfig
 from cast_rl.envs.core import load_domain_data
 from cast_rl.inference.base import Completion, Sampling
-from cast_rl.learner.critique_samples import build_samples
 from cast_rl.pipeline.context import PipelineContext
 from cast_rl.records import read_trajectories
 from cast_rl.rollout.teacher import REACT_NOTE, TeacherPolicy
 from cast_rl.rollout.worker import RolloutWorker
+from cast_rl.samples.builders import build_samples
 
 
 def _call(name: str, **kwargs: object) -> str:

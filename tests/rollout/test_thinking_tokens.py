@@ -18,9 +18,9 @@ import pytest
 from cast_rl.config import load_config
 from cast_rl.envs.core import load_domain_data
 from cast_rl.inference.base import Completion, Sampling
-from cast_rl.learner.critique_samples import build_samples
 from cast_rl.models.chat import split_thought, template_kwargs, thought_body
 from cast_rl.rollout.runner import EpisodeRunner, EpisodeSpec
+from cast_rl.samples.builders import build_samples
 
 
 class ThinkingEngine:

@@ -2,7 +2,7 @@
 
 A :class:`Sample` is what the replay buffer stores (one JSON object per line in its log) and what
 the learner trains on.  Rollout trajectories become samples through
-:mod:`cast_rl.learner.critique_samples`.
+:mod:`cast_rl.samples.builders`.
 
 Shapes: ``token_ids``, ``loss_mask`` and ``logprobs`` have one entry per token.  ``loss_mask`` is
 1 on tokens that carry loss (tokens the policy generated, or the target tokens of a supervised

@@ -50,6 +50,10 @@ the samples) and how the sample's logprobs follow from the trajectory's; the buf
 refers to the trajectory instead of repeating its tokens.  A distillation sample with a cut is no
 prefix of its trajectory and has none.
 
+Every builder takes the advantage computation as ``advantages`` (default :func:`verl_advantages`,
+the one place that imports torch and verl, lazily), so the module itself is torch-free and the
+replay buffer's Ray actor can build a collection's samples where the trajectories arrive.
+
 Parquet datasets (critic data, rejection-sampling data) load through
 :func:`supervised_from_parquet`.
 """
@@ -65,10 +69,15 @@ from typing import Any
 
 from cast_rl.config.schema import CastConfig
 from cast_rl.critique.rationale import verdict_length
-from cast_rl.records import PolicyTurn, Trajectory
+from cast_rl.records import EpisodeSummary, PolicyTurn, Trajectory
 from cast_rl.samples import Origin, Sample
 
 logger = logging.getLogger(__name__)
+
+Advantages = Callable[[Sequence[float], Sequence[Sequence[int]], Sequence[str], str, bool], list[float]]
+"""(rewards, loss masks, group ids, estimator, normalise by std) -> one advantage per sequence:
+:func:`verl_advantages`, or a function that runs it elsewhere (the replay buffer's Ray actor,
+which stays torch-free, hands it to a Ray task: :func:`actors.replay_buffer.advantages_in_task`)."""
 
 VERDICT_CREDIT = {"valid": 1.0, "invalid": -1.0}
 """Turn-level process reward per critic verdict (unparsable and unchecked turns get none)."""
@@ -158,15 +167,17 @@ def sample_key(traj: Trajectory, round_id: str, kind: str, suffix: str = "") -> 
     return f"{base}/{suffix}" if suffix else base
 
 
-def zero_variance_groups(trajs: Sequence[Trajectory]) -> tuple[int, int]:
-    """(groups whose raw outcomes are all equal, groups): trajectories grouped by task."""
+def zero_variance_groups(trajs: Sequence[Trajectory | EpisodeSummary]) -> tuple[int, int]:
+    """(groups whose raw outcomes are all equal, groups): episodes (trajectories or their
+    summaries) grouped by task."""
     outcomes: dict[tuple, set[float]] = defaultdict(set)
     for t in trajs:
         outcomes[(t.domain, t.split, t.task_index)].add(float(t.reward))
     return sum(len(v) == 1 for v in outcomes.values()), len(outcomes)
 
 
-def outcome_group_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
+def outcome_group_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str,
+                          advantages: Advantages = verl_advantages) -> list[Sample]:
     """One policy sample per trajectory: outcome advantage plus turn-level credit (module doc)."""
     algo = cfg.algorithm
     rows = []
@@ -180,7 +191,7 @@ def outcome_group_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id
     if not rows:
         return []
     groups = [group_id(t, round_id) for t, _, _, _ in rows]
-    advs = verl_advantages([float(t.reward) for t, _, _, _ in rows], [m for _, m, _, _ in rows], groups,
+    advs = advantages([float(t.reward) for t, _, _, _ in rows], [m for _, m, _, _ in rows], groups,
                            algo.adv_estimator, algo.norm_adv_by_std)
     outcomes: dict[str, set[float]] = defaultdict(set)
     for (t, _, _, _), g in zip(rows, groups):
@@ -203,20 +214,21 @@ def outcome_group_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id
     return out
 
 
-def step_group_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
+def step_group_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str,
+                       advantages: Advantages = verl_advantages) -> list[Sample]:
     """One policy sample per (episode, decision point) of the collected trees (module doc)."""
     algo = cfg.algorithm
     members: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
     for i, t in enumerate(trajs):
-        tree = t.info.get("tree")
-        if not tree:
+        tree = t.tree
+        if tree is None:
             continue
         base = f"{group_id(t, round_id)}/{t.trial}"
-        if "points" in tree:  # the root belongs to the group of each of its points
-            for point in tree["points"]:
+        if tree.point is None:  # the root belongs to the group of each of its points
+            for point in tree.points or []:
                 members[f"{base}/{point}"].append((i, point, 0))
         else:
-            members[f"{base}/{tree['point']}"].append((i, tree["point"], tree["branch"]))
+            members[f"{base}/{tree.point}"].append((i, tree.point, tree.branch))
     rows = []
     for g, group in members.items():
         if len(group) < 2:
@@ -229,7 +241,7 @@ def step_group_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: s
                 rows.append((i, point, branch, mask, g))
     if not rows:
         return []
-    advs = verl_advantages([float(trajs[r[0]].reward) for r in rows], [r[3] for r in rows], [r[4] for r in rows],
+    advs = advantages([float(trajs[r[0]].reward) for r in rows], [r[3] for r in rows], [r[4] for r in rows],
                            algo.adv_estimator, algo.norm_adv_by_std)
     outcomes: dict[str, set[float]] = defaultdict(set)
     for i, _, _, _, g in rows:
@@ -250,7 +262,8 @@ def step_group_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: s
     return out
 
 
-def revision_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
+def revision_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str,
+                     advantages: Advantages = verl_advantages) -> list[Sample]:
     """A policy sample per judged revision; reward = the critic accepted it (module doc)."""
     pending: list[tuple[int, PolicyTurn, float]] = []
     for i, t in enumerate(trajs):
@@ -270,7 +283,7 @@ def revision_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str
     group = f"{round_id}/revisions"
     rewards = [p[2] for p in pending]
     masks = [[1] * (turn.end - turn.start) for _, turn, _ in pending]
-    advs = verl_advantages(rewards, masks, [group] * len(pending), cfg.algorithm.adv_estimator,
+    advs = advantages(rewards, masks, [group] * len(pending), cfg.algorithm.adv_estimator,
                            cfg.algorithm.norm_adv_by_std)
     out = []
     for (i, turn, reward), adv in zip(pending, advs):
@@ -301,7 +314,8 @@ def _corrected_successes(trajs: Sequence[Trajectory], cfg: CastConfig) -> list[t
     return [(i, t) for i, t in enumerate(trajs) if t.verification_rounds and t.reward >= threshold]
 
 
-def supervised_from_trajectories(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
+def supervised_from_trajectories(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str,
+                                 advantages: Advantages = verl_advantages) -> list[Sample]:
     """Critique-enriched SFT: corrected successes as they ran; rejected proposals have mask 0."""
     out = []
     for i, t in _corrected_successes(trajs, cfg):
@@ -330,7 +344,8 @@ def distill_cut(t: Trajectory) -> tuple[list[int], list[int]]:
     return ids + t.token_ids[position:], keep + mask[position:]
 
 
-def distill_from_trajectories(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
+def distill_from_trajectories(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str,
+                              advantages: Advantages = verl_advantages) -> list[Sample]:
     """Critique-free distillation of the corrected successes (see :func:`distill_cut`)."""
     out = []
     for i, t in _corrected_successes(trajs, cfg):
@@ -341,7 +356,8 @@ def distill_from_trajectories(trajs: Sequence[Trajectory], cfg: CastConfig, roun
     return out
 
 
-def rft_from_trajectories(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
+def rft_from_trajectories(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str,
+                          advantages: Advantages = verl_advantages) -> list[Sample]:
     """RFT baseline: successful trajectories no critique touched, loss on every policy turn."""
     threshold = cfg.algorithm.success_threshold
     return [
@@ -365,14 +381,15 @@ SUPERVISED_KINDS = ("supervised", "distill", "rft")
 """Kinds that give cross-entropy samples (the pipeline fine-tunes on them before any RL)."""
 
 
-def build_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str) -> list[Sample]:
+def build_samples(trajs: Sequence[Trajectory], cfg: CastConfig, round_id: str,
+                  advantages: Advantages = verl_advantages) -> list[Sample]:
     """Every sample kind named in ``algorithm.samples``, from one collection of trajectories.
 
     ``round_id`` names the collection (e.g. ``"step12"``): GRPO groups never span collections.
     """
     out: list[Sample] = []
     for kind in cfg.algorithm.samples:
-        out.extend(SAMPLE_BUILDERS[kind](trajs, cfg, round_id))
+        out.extend(SAMPLE_BUILDERS[kind](trajs, cfg, round_id, advantages))
     return out
 
 
