@@ -45,23 +45,8 @@ def run_pipeline(cfg: CastConfig) -> dict[str, Any]:
     if teacher_parts(cfg):  # the teacher's actors run once the policy's rollout group is released
         check_resources(cfg, teacher_parts(cfg))
     ctx = PipelineContext(cfg, data, make_group=RolloutGroup)
-    summaries: dict[str, Any] = {}
     try:
-        for stage in PIPELINE_STAGES:
-            if stage not in cfg.pipeline.stages:
-                continue
-            summary = ctx.done(stage)
-            if summary is None:
-                logger.info("stage %s: running", stage)
-                start = time.perf_counter()
-                summary = STAGES[stage](ctx, ctx.begin(stage))
-                summary["wall_s"] = round(time.perf_counter() - start, 1)
-                ctx.finish(stage, summary)
-            else:
-                logger.info("stage %s: done earlier, skipped", stage)
-                if "model" in summary and stage in ("warmstart", "optimise"):
-                    ctx.policy_moved(Path(summary["model"]))  # a resumed run starts from it
-            summaries[stage] = summary
+        summaries = run_stages(ctx, cfg.pipeline.stages, STAGES)
     finally:
         ctx.close()
     report = write_pipeline_report(
@@ -84,6 +69,37 @@ def run_pipeline(cfg: CastConfig) -> dict[str, Any]:
     (ctx.root / "pipeline.json").write_text(json.dumps(result, indent=2))
     result["headline"] = headline(json.loads(Path(report["report"]).read_text()))
     return result
+
+
+MOVES_POLICY = ("warmstart", "optimise", "optimise_rft")
+"""Stages whose ``model`` the later stages start from."""
+
+
+def run_stages(ctx: Any, stages: list[str], run: dict[str, Any]) -> dict[str, Any]:
+    """The stages of ``stages``, in pipeline order (``run[stage](ctx, out)``); returns their
+    summaries.  A stage with a ``DONE.json`` is skipped.  Every finished stage that moves the
+    policy (:data:`MOVES_POLICY`), listed or not, moves it on a resumed run too, so that a stage
+    run on its own in an existing run directory (``pipeline.stages=[eval_critic]``) starts from
+    the policy the run holds at that point, not from ``policy.path``."""
+    summaries: dict[str, Any] = {}
+    for stage in PIPELINE_STAGES:
+        summary = ctx.done(stage)
+        if stage not in stages:
+            if summary is not None and stage in MOVES_POLICY and "model" in summary:
+                ctx.policy_moved(Path(summary["model"]))
+            continue
+        if summary is None:
+            logger.info("stage %s: running", stage)
+            start = time.perf_counter()
+            summary = run[stage](ctx, ctx.begin(stage))
+            summary["wall_s"] = round(time.perf_counter() - start, 1)
+            ctx.finish(stage, summary)
+        else:
+            logger.info("stage %s: done earlier, skipped", stage)
+            if "model" in summary and stage in MOVES_POLICY:
+                ctx.policy_moved(Path(summary["model"]))  # a resumed run starts from it
+        summaries[stage] = summary
+    return summaries
 
 
 def _tokenizer_fit(cfg: CastConfig, data: DomainData, policy: Path) -> dict[str, Any] | None:

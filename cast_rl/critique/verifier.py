@@ -32,7 +32,7 @@ from cast_rl.critique.rationale import (
 )
 from cast_rl.critique.records import VERDICTS, Critique, Verifier, VerifyRequest
 from cast_rl.critique.rules import choose, get_rules, to_rationale, visible_findings
-from cast_rl.inference.base import Sampling
+from cast_rl.inference.base import ContextOverflow, Sampling
 from cast_rl.models.aliases import EntityAliases
 
 __all__ = ["VERDICTS", "Critique", "GuardedVerifier", "ModelVerifier", "RuleVerifier", "Verifier",
@@ -103,14 +103,30 @@ class ModelVerifier:
 
     async def verify(self, requests: list[VerifyRequest]) -> list[Critique]:
         views = [aliased(r, self.aliases) for r in requests]
-        results = await asyncio.gather(
-            *(self.engine.chat(critic_messages(view, self.max_prompt_chars), self.sampling) for view, _ in views),
-            return_exceptions=True,
-        )
+        results = await asyncio.gather(*(self._answer(view) for view, _ in views), return_exceptions=True)
         critiques = [self.parse(self.real(r, table)) for r, (_, table) in zip(results, views)]
         if self.min_invalid_prob > 0:
             critiques = [self.confident(c, r) for c, r in zip(critiques, results)]
         return [replace(c, critic=self.name) for c in critiques]
+
+    async def _answer(self, request: VerifyRequest) -> Any:
+        """The critic's completion for ``request``.  A prompt that leaves no room for the answer
+        in the critic's context (``ContextOverflow``: the policy in the system prompt plus a
+        transcript of up to ``max_prompt_chars``) is shortened the way ``max_prompt_chars`` does
+        it, the oldest messages first, a fifth of the shown transcript at a time, until it fits;
+        only a prompt that cannot shrink further (its last message alone) fails."""
+        max_chars = self.max_prompt_chars
+        shown = None
+        while True:
+            messages = critic_messages(request, max_chars)
+            if messages == shown:
+                raise ContextOverflow(f"the critic's prompt does not fit its context even with only the last "
+                                      f"message of the conversation ({self.name})")
+            try:
+                return await self.engine.chat(messages, self.sampling)
+            except ContextOverflow:
+                shown = messages
+                max_chars = int(len(messages[-1]["content"]) * 0.8)
 
     def real(self, result: Any, table: Any) -> Any:
         """The completion with the aliases it names mapped back (the result itself without aliases)."""

@@ -66,6 +66,30 @@ def test_model_critic_answers_a_batch_and_flags_unparsable_output(engine_and_loo
     assert stats["critic/unparsable"] == sum(c.verdict == "unparsable" for c in critiques)
 
 
+def test_a_transcript_longer_than_the_critics_context_is_shortened_not_failed(engine_and_loop, retail_data_dir: Path) -> None:  # noqa: ANN001
+    """At the default critic.max_prompt_chars (24,000) a long conversation overflows the tiny
+    critic's 4096-token window: the verifier drops more of the oldest messages until the prompt
+    fits, and the critic answers (before, the engine refused and the critique was unparsable)."""
+    from cast_rl.critique.prompt import critic_messages
+    from cast_rl.critique.records import VerifyRequest
+    from cast_rl.inference.base import ContextOverflow
+
+    engine, loop = engine_and_loop
+    data = load_domain_data("retail", retail_data_dir)
+    trajectory = gold_trajectory(data, "train", 0)
+    action = list(iter_actions(trajectory.messages))[-1]
+    short = request_for(trajectory, action.message_index, action.to_json())
+    long = VerifyRequest(short.domain, short.policy, short.messages[:1] + short.messages[1:] * 12, short.proposal)
+    sampling = Sampling(max_new_tokens=48, temperature=0.0, logprobs=False)
+    with pytest.raises(ContextOverflow):  # what the critic was sent before
+        loop.run_until_complete(engine.chat(critic_messages(long, 24_000), sampling))
+    verifier = build_verifier(CriticConfig(backend="model"), engine=engine)
+    verifier.sampling = sampling
+    assert verifier.max_prompt_chars == 24_000
+    (critique,) = loop.run_until_complete(verifier.verify([long]))
+    assert "generation failed" not in str(critique.rationale.get("raw", "")), critique.rationale
+
+
 def test_tiny_teacher_rewrites_are_checked_and_discarded(engine_and_loop, retail_data_dir: Path) -> None:  # noqa: ANN001
     engine, loop = engine_and_loop
     data = load_domain_data("retail", retail_data_dir)
