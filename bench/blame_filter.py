@@ -243,7 +243,7 @@ def _train_critic(cfg: Any, train: Path, out: Path) -> Path:
 
     from cast_rl.learner.engine import LearnerEngine
     from cast_rl.learner.loop import train_supervised
-    from cast_rl.samples.builders import supervised_from_parquet
+    from cast_rl.samples.parquet import supervised_from_parquet
     from cast_rl.telemetry import MetricsLogger
 
     torch.set_num_threads(max(1, int(cfg.learner.num_cpus_per_worker)))

@@ -232,7 +232,7 @@ def train_critic(cfg: Any, model: Path, train: Path, out: Path, args: argparse.N
 
     from actors.learner import LearnerGroup
     from cast_rl.learner.loop import train_supervised
-    from cast_rl.samples.builders import supervised_from_parquet
+    from cast_rl.samples.parquet import supervised_from_parquet
     from cast_rl.telemetry import MetricsLogger
 
     samples = supervised_from_parquet(train, AutoTokenizer.from_pretrained(model))

@@ -61,11 +61,8 @@ from cast_rl.rollout.demonstrations import collect_demonstrations
 from cast_rl.rollout.noisy_expert import collect_noisy_demonstrations
 from cast_rl.rollout.teacher import mark_teacher_trajectory
 from cast_rl.rollout.verifiers import build_verifier
-from cast_rl.samples.builders import (
-    SUPERVISED_KINDS,
-    build_samples,
-    supervised_from_parquet,
-)
+from cast_rl.samples.builders import SUPERVISED_KINDS, build_samples
+from cast_rl.samples.parquet import supervised_from_parquet
 from cast_rl.telemetry import MetricsLogger
 from launchers.eval import run_eval
 from launchers.train import train_policy

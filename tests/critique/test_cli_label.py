@@ -100,7 +100,7 @@ def test_build_data_writes_balanced_parquet_splits(files, capsys, tiny_model_dir
     # the learner's supervised mode reads these files
     from transformers import AutoTokenizer
 
-    from cast_rl.samples.builders import supervised_from_parquet
+    from cast_rl.samples.parquet import supervised_from_parquet
 
     samples = supervised_from_parquet(out / "heldout.parquet", AutoTokenizer.from_pretrained(tiny_model_dir))
     assert len(samples) == summary["heldout"]["examples"]

@@ -18,7 +18,7 @@ from cast_rl.learner.batch import collate
 from cast_rl.learner.engine import LearnerEngine
 from cast_rl.learner.losses import GlobalBatchInfo, critic_terms, supervised_loss
 from cast_rl.learner.sample import Sample
-from cast_rl.samples.builders import supervised_from_parquet
+from cast_rl.samples.parquet import supervised_from_parquet
 
 # Two answers in the target frame: row 0 has verdict tokens at 0, 1 and explanation at 2, 3;
 # row 1 a verdict token at 0 and an explanation token at 1.

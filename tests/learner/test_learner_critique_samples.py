@@ -18,10 +18,10 @@ from cast_rl.samples.builders import (
     build_samples,
     distill_cut,
     revision_samples,
-    supervised_from_parquet,
     verl_advantages,
     zero_variance_groups,
 )
+from cast_rl.samples.parquet import supervised_from_parquet
 
 # A critiqued episode, laid out like the rollout runner writes it:
 # 0 system, 1 user, 2 assistant (rejected), 3 critic, 4 assistant (revision, accepted), 5 tool,
