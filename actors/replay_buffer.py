@@ -76,9 +76,8 @@ class ReplayBufferActor:
 
 @ray.remote(num_cpus=0)
 def _advantages(*args: Any) -> list[float]:
-    from cast_rl.samples.builders import (
-        verl_advantages,  # torch and verl load in this task's process
-    )
+    # torch and verl load here, in this task's process, never in the buffer's actor
+    from cast_rl.samples.builders import verl_advantages
 
     return verl_advantages(*args)
 

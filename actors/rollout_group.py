@@ -33,12 +33,6 @@ logger = logging.getLogger(__name__)
 _WORKER_FAILURES = (RayActorError, ActorDiedError, ActorUnavailableError)
 
 
-def _continuation(episode: Trajectory | EpisodeSummary) -> bool:
-    if isinstance(episode, EpisodeSummary):
-        return episode.continuation
-    return episode.tree is not None and episode.tree.is_continuation
-
-
 def default_chunk_size(units: int, workers: int, episodes_in_flight: int) -> int:
     """``rollout.chunk_size=None``: about two chunks per worker, none above ``episodes_in_flight``."""
     return max(1, min(episodes_in_flight, -(-units // (2 * workers))))
@@ -148,7 +142,7 @@ class RolloutGroup:
                     on_done(episode)
             idle.append(w)
         ordered = [results[c] for c in sorted(results)]
-        roots = [(e.split, e.task_index, e.trial) for _, episodes in ordered for e in episodes if not _continuation(e)]
+        roots = [(e.split, e.task_index, e.trial) for _, episodes in ordered for e in episodes if not e.continuation]
         # cannot fail with unit-keyed chunks: a worker's answer is its chunk's units
         assert sorted(roots) == sorted(units) and len(set(roots)) == len(roots), "lost or duplicated units"
         return ordered

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import subprocess
@@ -71,8 +72,6 @@ def record(name: str, script: str, args: list[str]) -> Path:
 
 
 def _cores() -> int:
-    import os
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
 
 
@@ -89,17 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "record":
         print(record(args.name, args.script, [a for a in args.args if a != "--"]))
         return 0
-    text = DOC.read_text()
-    fresh = render(text, load_results())
-    if args.check:
-        if fresh != text:
-            print(f"{DOC.relative_to(REPO)}: generated tables differ from bench/results/ "
-                  "(run python bench/tables.py render)")
-            return 1
-        print(json.dumps({"tables": len(TABLE.findall(text)), "results": sorted(load_results())}))
-        return 0
-    DOC.write_text(fresh)
-    print(json.dumps({"tables": len(TABLE.findall(text)), "results": sorted(load_results())}))
+    text, results = DOC.read_text(), load_results()
+    fresh = render(text, results)
+    if args.check and fresh != text:
+        print(f"{DOC.relative_to(REPO)}: generated tables differ from bench/results/ "
+              "(run python bench/tables.py render)")
+        return 1
+    if not args.check:
+        DOC.write_text(fresh)
+    print(json.dumps({"tables": len(TABLE.findall(text)), "results": sorted(results)}))
     return 0
 
 

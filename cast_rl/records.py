@@ -197,10 +197,15 @@ class Trajectory:
         plain collection)."""
         return self.tree.env_steps if self.tree is not None else self.env_steps
 
+    @property
+    def continuation(self) -> bool:
+        """A tree continuation (its unit is its root's), as :attr:`EpisodeSummary.continuation`."""
+        return self.tree is not None and self.tree.is_continuation
+
     def summary(self) -> EpisodeSummary:
         return EpisodeSummary(self.domain, self.split, self.task_index, self.trial, float(self.reward),
                               self.cost_steps, len(self.verification_rounds),
-                              self.tree is not None and self.tree.is_continuation)
+                              self.continuation)
 
     @property
     def key(self) -> tuple[str, str, int, int]:

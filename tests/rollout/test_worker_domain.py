@@ -170,7 +170,7 @@ class _Actor:
 
             self.dying, self.domain = False, self.cfg.env.domain  # restarted from the construction config
             raise RayActorError()
-        return [SimpleNamespace(split=s, task_index=i, trial=t, domain=self.domain, info={}, tree=None) for s, i, t in units]
+        return [SimpleNamespace(split=s, task_index=i, trial=t, domain=self.domain, info={}, continuation=False) for s, i, t in units]
 
     def _set_domain(self, cfg: Any) -> str:
         self.calls.append(("set_domain", cfg.env.domain))
