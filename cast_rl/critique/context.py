@@ -134,6 +134,13 @@ def iter_actions(messages: list[dict[str, Any]], malformed: Collection[int] | No
             yield ActionRef(i, j, str(function.get("name", "")), kwargs, str(call.get("id", "")), ok)
 
 
+def rejected_by_critic(messages: list[dict[str, Any]], index: int) -> bool:
+    """Whether the critic answered the assistant message at ``index``: a proposal it sent back,
+    which never ran (its revision follows the critic's message)."""
+    following = messages[index + 1] if index + 1 < len(messages) else {}
+    return following.get("role") == "user" and following.get("name") == CRITIC_NAME
+
+
 def message_text(message: dict[str, Any]) -> str:
     """A message's text (string content, or the text parts of a list content)."""
     content = message.get("content")

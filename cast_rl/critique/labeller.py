@@ -50,6 +50,7 @@ from cast_rl.critique.context import (
     is_error,
     iter_actions,
     leaves,
+    rejected_by_critic,
     tool_history,
 )
 from cast_rl.critique.rationale import Evidence, Rationale, leakage_problems
@@ -58,7 +59,7 @@ from cast_rl.critique.rules.base import Finding
 from cast_rl.envs.core import DomainData, ToolEnv, call_tool
 from cast_rl.envs.db import Database, to_hashable
 from cast_rl.envs.types import Action, is_success
-from cast_rl.records import CRITIC_NAME, Trajectory, TrajectoryFormatError, iter_numbered
+from cast_rl.records import Trajectory, TrajectoryFormatError, iter_numbered
 
 logger = logging.getLogger(__name__)
 _MISSING = object()
@@ -316,7 +317,7 @@ def actions_ran(trajectory: Trajectory) -> list[tuple[ActionRef, bool]]:
         if turn is not None:  # only a turn's first call runs (the source runs one per turn)
             ran = turn.executed and action.call_index <= 0
         elif action.is_reply:
-            ran = not _rejected(messages, action.message_index)
+            ran = not rejected_by_critic(messages, action.message_index)
         else:
             ran = (action.message_index, action.name,
                    json.dumps(action.kwargs, sort_keys=True, default=str)) in executed
@@ -330,12 +331,6 @@ def malformed_turns(trajectory: Trajectory) -> set[int] | None:
     if not trajectory.turns:
         return None
     return {t.message_index for t in trajectory.turns if t.error is not None}
-
-
-def _rejected(messages: list[dict[str, Any]], index: int) -> bool:
-    """Whether the critic answered the assistant message at ``index`` (so it never ran)."""
-    following = messages[index + 1] if index + 1 < len(messages) else {}
-    return following.get("role") == "user" and following.get("name") == CRITIC_NAME
 
 
 def _key(name: str, kwargs: Any) -> str:

@@ -9,7 +9,11 @@ and predicted ``(verdict, error_type)``:
 * ``critic/type_accuracy``: invalid actions it called invalid *with the right error type*
   (a missed one counts as wrong); ``critic/type_accuracy_detected`` only over the detected;
 * ``critic/unparsable_rate``: answers it could not give (never counted as valid: an unparsable
-  answer on an invalid action is a miss, on a valid one neither a false nor a true positive).
+  answer on an invalid action is a miss, on a valid one neither a false nor a true positive);
+* ``critic/contested_false_positive_rate``: the false-positive rate on the valid actions whose
+  action name the examples also hold invalid (a valid cancel beside invalid cancels).  A critic
+  that learned "cancel is invalid" instead of the error shows it here: drawn at random, valid
+  examples are mostly lookups and replies, and the plain rate hides it.
 
 :func:`evaluate_verifier` adds, over the critiques it could read, ``critic/leakage_rate``: those
 whose rationale cites or names what the agent could not see at that step (the partial-observability
@@ -87,7 +91,18 @@ async def evaluate_verifier(
                 leaky += bool(rationale_leakage(critique.rationale, request, (tools or {}).get(request.domain, [])))
     out = detection_metrics([(v, t) for _, v, t in rows], predicted)
     out["critic/leakage_rate"] = leaky / parsed if parsed else 0.0
+    out["critic/contested_false_positive_rate"] = contested_false_positive_rate(
+        [(str(r.proposal.get("name", "")), v) for r, v, _ in rows], [v for v, _ in predicted])
     return out
+
+
+def contested_false_positive_rate(truth: list[tuple[str, str]], predicted: list[str]) -> float:
+    """False-positive rate over the valid actions whose name (``truth``: (action name, true
+    verdict)) also occurs invalid; 0.0 when there are none."""
+    contested = {name for name, verdict in truth if verdict == "invalid"}
+    flags = [p == "invalid" for (name, verdict), p in zip(truth, predicted)
+             if verdict == "valid" and name in contested]
+    return sum(flags) / len(flags) if flags else 0.0
 
 
 def rationale_leakage(

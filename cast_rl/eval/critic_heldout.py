@@ -11,7 +11,8 @@ The critics compared are, by name:
 
 Model critics are served by critic-service actors (one critic's engines at a time, each shut
 down before the next starts).  Per critic (see :func:`cast_rl.critique.metrics.evaluate_verifier`):
-``recall``, ``precision``, ``false_positive_rate``, ``type_accuracy``, ``leakage_rate``,
+``recall``, ``precision``, ``false_positive_rate``, ``contested_false_positive_rate`` (on
+valid actions of a name the split also holds invalid), ``type_accuracy``, ``leakage_rate``,
 ``unparsable_rate`` and ``examples``, plus ``critic``: what answered (``rule`` or the model
 directory).  Logged to W&B as ``critic/heldout/<critic>/<metric>``.
 """
@@ -29,7 +30,8 @@ from cast_rl.critique.verifier import Verifier, VerifyRequest
 logger = logging.getLogger(__name__)
 
 HELDOUT_METRICS = (
-    "recall", "precision", "false_positive_rate", "type_accuracy", "leakage_rate", "unparsable_rate",
+    "recall", "precision", "false_positive_rate", "contested_false_positive_rate", "type_accuracy", "leakage_rate",
+    "unparsable_rate",
 )
 """The metrics reports show, in this order (each also under ``critic/<name>`` in the raw output)."""
 
@@ -83,6 +85,6 @@ def heldout_markdown(heldout: dict[str, Any]) -> list[str]:
     ]
     for name, m in critics.items():
         cells = [name, f"`{m['critic']}`", str(int(m.get("examples", 0))),
-                 *(f"{float(m[k]):.3f}" for k in HELDOUT_METRICS)]
+                 *(f"{float(m[k]):.3f}" if k in m else "-" for k in HELDOUT_METRICS)]  # "-": a run before the metric
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]

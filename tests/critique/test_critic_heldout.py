@@ -91,6 +91,7 @@ def test_rule_critic_on_a_heldout_file_with_known_answers(retail: Any, heldout: 
     assert m["critic/recall"] == pytest.approx(2 / 4)          # wrong tool and wrong record missed
     assert m["critic/precision"] == pytest.approx(2 / 3)
     assert m["critic/false_positive_rate"] == pytest.approx(1 / 4)  # the unauthenticated lookup
+    assert m["critic/contested_false_positive_rate"] == 0.0    # no invalid example is that lookup
     assert m["critic/type_accuracy"] == pytest.approx(2 / 4)   # both detected with the right type
     assert m["critic/leakage_rate"] == 0.0                     # the rules cite only what was visible
     assert m["critic/unparsable_rate"] == 0.0
@@ -152,7 +153,8 @@ def test_compare_critics_runs_one_critic_at_a_time_and_closes_each(heldout: Path
     assert flat["critic/heldout/base/unparsable_rate"] == 1.0
     assert flat["critic/heldout/rule/false_positive_rate"] == pytest.approx(0.25)
     table = heldout_markdown({"data": str(heldout), "examples": 8, "critics": results})
-    assert any(line.startswith("| rule | `rule` | 8 | 0.500 | 0.667 | 0.250 | 0.500 | 0.000 | 0.000 |") for line in table)
+    assert any(line.startswith("| rule | `rule` | 8 | 0.500 | 0.667 | 0.250 | 0.000 | 0.500 | 0.000 | 0.000 |")
+               for line in table)
 
 
 class Answers:
@@ -294,5 +296,5 @@ def test_pipeline_report_labels_critics_and_copies_heldout_metrics(tmp_path: Pat
     assert report["critic_heldout"] == heldout
     summary = written["summary"].read_text()
     assert "## Critic on the held-out split" in summary
-    assert "| trained | `/run/05_train_critic/model` | 8 | 0.500 | 1.000 | 0.000 | 0.250 | 0.100 | 0.200 |" in summary
+    assert "| trained | `/run/05_train_critic/model` | 8 | 0.500 | 1.000 | 0.000 | - | 0.250 | 0.100 | 0.200 |" in summary
     assert any(line.startswith("held-out critic trained") and "recall=0.500" in line for line in headline(report))

@@ -94,3 +94,32 @@ def test_tool_messages_without_ids_are_matched_in_order(data) -> None:  # noqa: 
             call.pop("id", None)
     labels = Labeller(data).label(trajectory)
     assert all(lab.verdict == "valid" for lab in labels), [lab.to_json() for lab in labels if lab.verdict != "valid"]
+
+
+def test_revision_of_a_rejected_write_stands_on_the_confirmation_before_it(data) -> None:  # noqa: ANN001
+    """Confirmed with the user's reason, proposed with another, sent back by the critic, revised to
+    the confirmed one: the revision is valid for the labeller and for the rule critic.  The
+    rejected proposal never ran, so it is no write between the user's yes and the revision (before
+    the fix the confirmation rule counted it, and labelled every corrected cancel invalid)."""
+    from cast_rl.critique.datasets import request_for
+    from cast_rl.critique.verifier import RuleVerifier
+
+    split, i, cancel = _cancel_task(data)
+    other = "ordered by mistake" if cancel.kwargs["reason"] == "no longer needed" else "no longer needed"
+    builder = _started(data, split, i)
+    builder.call(Action("get_order_details", {"order_id": cancel.kwargs["order_id"]}))
+    builder.confirm(cancel)
+    builder.call(Action(cancel.name, {**cancel.kwargs, "reason": other}), execute=False)
+    proposal_index = builder.last_call
+    builder.messages.append({"role": "user", "name": CRITIC_NAME,
+                             "content": "VERDICT: invalid\nERROR: policy_violation"})
+    builder.call(cancel)
+    trajectory = builder.trajectory(None)
+    assert trajectory.reward == 1.0
+    labels = {lab.message_index: lab for lab in Labeller(data).label(trajectory)}
+    assert labels[proposal_index].verdict == "invalid"
+    revision = labels[builder.last_call]
+    assert (revision.verdict, revision.error_type) == ("valid", "none"), revision.rationale
+    rule = RuleVerifier({"retail": data.tools}).verify_one(
+        request_for(trajectory, builder.last_call, {"name": cancel.name, "kwargs": cancel.kwargs}))
+    assert rule.verdict == "valid", rule.text  # a critic with budget 2 lets the revision run

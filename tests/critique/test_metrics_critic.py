@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from cast_rl.critique.metrics import detection_metrics, verification_metrics
+from cast_rl.critique.metrics import (
+    contested_false_positive_rate,
+    detection_metrics,
+    verification_metrics,
+)
 from cast_rl.records import Trajectory
 
 
@@ -28,6 +32,19 @@ def test_detection_metrics_by_hand() -> None:
     assert m["critic/unparsable_rate"] == pytest.approx(2 / 8)
     with pytest.raises(ValueError):
         detection_metrics(truth, predicted[:-1])
+
+
+def test_contested_false_positive_rate_counts_valid_actions_of_names_seen_invalid() -> None:
+    # a critic that flags every cancel: the plain rate (1 of 4 valid) hides what the contested
+    # rate (1 of 1 valid cancel) shows
+    truth = [("cancel_pending_order", "invalid"), ("cancel_pending_order", "valid"),
+             ("get_order_details", "valid"), ("respond", "valid"), ("find_user_id_by_email", "valid")]
+    predicted = ["invalid", "invalid", "valid", "valid", "valid"]
+    assert contested_false_positive_rate(truth, predicted) == 1.0
+    assert detection_metrics([(v, "none") for _, v in truth],
+                             [(p, "none") for p in predicted])["critic/false_positive_rate"] == pytest.approx(1 / 4)
+    assert contested_false_positive_rate(truth, ["invalid", "valid", "invalid", "valid", "valid"]) == 0.0
+    assert contested_false_positive_rate([("respond", "valid")], ["invalid"]) == 0.0  # no contested name
 
 
 def _traj(rounds: list[dict]) -> Trajectory:

@@ -2,7 +2,10 @@
 
 * a write (``DomainRules.is_write``) must follow, with no other write in between, a user message
   that is an explicit yes, answering an assistant message that asked for confirmation and named
-  the action's details (the domain's ``confirm_keys``, or at least one argument value);
+  the action's details (the domain's ``confirm_keys``, or at least one argument value).  A write
+  the critic sent back never ran, so it is no write in between, and neither is the critic's
+  message the user's answer: the revision of a rejected cancel stands on the confirmation before
+  the rejected one;
 * a tool the policy allows once per record (``DomainRules.once_per_record``) must not run again
   on that record.
 """
@@ -12,7 +15,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from cast_rl.critique.context import RESPOND, ActionRef, iter_actions, month_days_in, numbers_in
+from cast_rl.critique.context import (
+    RESPOND,
+    ActionRef,
+    iter_actions,
+    month_days_in,
+    numbers_in,
+    rejected_by_critic,
+)
 from cast_rl.critique.rationale import Evidence
 from cast_rl.critique.rules.base import Ctx, Finding, fmt
 
@@ -44,7 +54,7 @@ def check_confirmation(ctx: Ctx) -> list[Finding]:
     user_index = None
     for i in range(len(messages) - 1, -1, -1):
         m = messages[i]
-        if m.get("role") == "assistant" and any(
+        if m.get("role") == "assistant" and not rejected_by_critic(messages, i) and any(
             rules.is_write(a) for a in _calls(m, i)
         ):
             problem = "no confirmation was asked for this action since the previous change"
