@@ -10,6 +10,9 @@ from cast_rl.config._checks import _check_choice, _check_positive
 from cast_rl.config.inference import InferenceConfig
 from cast_rl.config.model import ModelConfig, _check_no_aliases
 
+CRITIC_CHECKS = ("all", "tool_calls", "writes")
+"""Which proposals the critic checks (``critic.checks``)."""
+
 
 @dataclass(frozen=True)
 class CriticConfig:
@@ -59,6 +62,12 @@ class CriticConfig:
     LoRA adapter beside the policy: one engine and one copy of the base weights per replica; the
     critic's model.path must hold a peft adapter of the policy's model, as a critic trained with
     learner.lora saves in <dir>/adapter, and inference.max_lora_rank must cover its rank)."""
+    checks: str = "all"
+    """Which proposals the critic checks: all (every well-formed action, tool calls and replies to
+    the user), tool_calls (not the replies) or writes (the domain's write tools: the state-changing
+    actions one wrong one of which ruins a task, a cancel of the wrong order).  A reply runs
+    nothing, and the user answers a bad one; a flag on it costs a revision all the same.  Proposals
+    outside the scope run unchecked and leave no verdict on their turn."""
     min_invalid_prob: float = 0.0
     """For backend=model or trained: an "invalid" verdict stands only when the critic gave its
     verdict's first token at least this probability (the token it chose; greedy decoding's
@@ -67,6 +76,7 @@ class CriticConfig:
 
     def __post_init__(self) -> None:
         _check_choice("critic.backend", self.backend, ("rule", "model", "trained"))
+        _check_choice("critic.checks", self.checks, CRITIC_CHECKS)
         if not 0.0 <= self.min_invalid_prob < 1.0:
             raise ValueError(f"critic.min_invalid_prob={self.min_invalid_prob!r} is not allowed; it must be in [0, 1)")
         _check_choice("critic.engine", self.engine, ("own", "shared_with_policy"))

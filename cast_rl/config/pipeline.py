@@ -177,7 +177,8 @@ class PipelineConfig:
     flag costs a revision, so a critic for serving trains on more valid ones; the held-out split
     stays balanced."""
     critic_balance: str = "random"
-    """How stage critic_data draws the valid examples of each split: random (from every valid
+    """How stage critic_data draws the valid examples of the training split (the held-out split
+    always draws per_action, so its false-positive rate is measured on valid cancels): random (from every valid
     action) or per_action (first valid examples of the actions the invalid ones are, then the
     rest at random; cast_rl.critique.datasets.balance).  Drawn at random the quickstart's 143
     invalid cancels met 17 valid ones and its critic flagged 0.041 of valid actions in the loop;

@@ -202,7 +202,8 @@ def build_critic_data(
     """Write ``train.parquet`` and ``heldout.parquet``; returns counts for a summary.
 
     ``aliases``: the critic's ``critic.model.entity_aliases`` (:meth:`Example.row`);
-    ``per_action``: ``pipeline.critic_balance=per_action`` (:func:`balance`).
+    ``per_action``: ``pipeline.critic_balance=per_action`` (:func:`balance`) for the training
+    split; the held-out split is always drawn per action.
 
     ``valid_per_invalid``: valid examples per invalid one in the training split (a critic in the
     loop sees mostly valid actions, and each false flag costs a revision); the held-out split stays
@@ -236,7 +237,10 @@ def build_critic_data(
             1 for e in examples if (e.trajectory_index, e.message_index) in drop_from_train
             and not _heldout(e.trajectory_index, heldout_fraction, seed))
     for name, rows in splits.items():
-        kept = balance(rows, rng, valid_per_invalid if name == "train" else 1.0, per_action)
+        # the held-out split always draws its valid examples action by action, so that its
+        # false-positive rate is measured on the actions the errors are (a valid cancel), not
+        # mostly on replies and lookups
+        kept = balance(rows, rng, valid_per_invalid if name == "train" else 1.0, per_action or name == "heldout")
         table = pa.Table.from_pylist([e.row(aliases) for e in kept], schema=_schema())
         pq.write_table(table, out / f"{name}.parquet")
         counts = Counter(e.verdict for e in kept)

@@ -10,10 +10,11 @@ and predicted ``(verdict, error_type)``:
   (a missed one counts as wrong); ``critic/type_accuracy_detected`` only over the detected;
 * ``critic/unparsable_rate``: answers it could not give (never counted as valid: an unparsable
   answer on an invalid action is a miss, on a valid one neither a false nor a true positive);
-* ``critic/contested_false_positive_rate``: the false-positive rate on the valid actions whose
-  action name the examples also hold invalid (a valid cancel beside invalid cancels).  A critic
-  that learned "cancel is invalid" instead of the error shows it here: drawn at random, valid
-  examples are mostly lookups and replies, and the plain rate hides it.
+* ``critic/contested_false_positive_rate``: the false-positive rate where the errors are: each
+  action name's rate on its valid examples, weighted by how many of its examples are invalid (a
+  cancel's rate counts as often as invalid cancels occur; a name never invalid counts nothing).
+  A critic that learned "cancel is invalid" instead of the error shows it here: valid examples
+  drawn at random are mostly lookups and replies, and the plain rate hides it.
 
 :func:`evaluate_verifier` adds, over the critiques it could read, ``critic/leakage_rate``: those
 whose rationale cites or names what the agent could not see at that step (the partial-observability
@@ -30,6 +31,7 @@ one when the verification budget may have ended the rounds before the revision w
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -97,12 +99,18 @@ async def evaluate_verifier(
 
 
 def contested_false_positive_rate(truth: list[tuple[str, str]], predicted: list[str]) -> float:
-    """False-positive rate over the valid actions whose name (``truth``: (action name, true
-    verdict)) also occurs invalid; 0.0 when there are none."""
-    contested = {name for name, verdict in truth if verdict == "invalid"}
-    flags = [p == "invalid" for (name, verdict), p in zip(truth, predicted)
-             if verdict == "valid" and name in contested]
-    return sum(flags) / len(flags) if flags else 0.0
+    """Per action name (``truth``: (action name, true verdict)), the rate at which its valid
+    examples were called invalid, averaged with the name's invalid count as weight; 0.0 when no
+    name has both valid and invalid examples."""
+    invalid: Counter[str] = Counter(name for name, verdict in truth if verdict == "invalid")
+    valid: Counter[str] = Counter()
+    flagged: Counter[str] = Counter()
+    for (name, verdict), p in zip(truth, predicted):
+        if verdict == "valid" and invalid[name]:
+            valid[name] += 1
+            flagged[name] += p == "invalid"
+    weight = sum(invalid[name] for name in valid)
+    return sum(invalid[name] * flagged[name] / valid[name] for name in valid) / weight if weight else 0.0
 
 
 def rationale_leakage(

@@ -78,9 +78,13 @@ def _checked(
     """(true, predicted) (verdict, error_type) of every action the critic checked.
 
     A flagged proposal's revision is the assistant message two after it; the proposal at depth d
-    of such a chain (0: the action's first proposal) was checked when d < budget.
+    of such a chain (0: the action's first proposal) was checked when d < budget.  With turn
+    records, only turns with a verdict were checked (``critic.checks`` leaves some out).
     """
     flagged = {r.message_index: r.critique for r in traj.verification_rounds}
+    if traj.turns:
+        verdicts = {t.message_index for t in traj.turns if t.verdict is not None}
+        truth = {i: v for i, v in truth.items() if i in verdicts}
     depth: dict[int, int] = {}
     pairs = []
     for index in sorted(truth):

@@ -339,7 +339,7 @@ class EpisodeRunner:
                               prompt_tokens=prompt_tokens, dropped_calls=max(0, len(parsed.tool_calls) - 1))
             state.turns.append(turn)
             self._note_revision(state, action)
-            if isinstance(action, str) or state.round_index >= self.budget:
+            if isinstance(action, str) or state.round_index >= self.budget or not self._in_scope(action):
                 state.round_index = 0
                 return action, message
             (critique,) = await self.verifier.verify([self._request(conv, action)])
@@ -351,6 +351,15 @@ class EpisodeRunner:
             state.rounds.append(VerificationRound(len(conv.messages) - 1, action.to_json(), critique.to_json()))
             conv.add_context([{"role": "user", "name": CRITIC_NAME, "content": critique.text}])
             state.round_index += 1
+
+    def _in_scope(self, action: Action) -> bool:
+        """Whether the critic checks this proposal (``critic.checks``)."""
+        checks = self.cfg.critic.checks
+        if checks == "tool_calls":
+            return action.name != RESPOND
+        if checks == "writes":
+            return action.name in self.data.spec.write_tools
+        return True
 
     @staticmethod
     async def _generate(state: EpisodeState) -> Completion:

@@ -132,3 +132,28 @@ def test_per_action_balance_draws_valid_examples_of_the_flagged_action() -> None
     drawn = balance(examples, random.Random(0), 2.0)
     assert sum(e.verdict == "valid" for e in drawn) == 20
     assert sum(e.verdict == "valid" and e.request.proposal["name"] == "cancel_pending_order" for e in drawn) < 10
+
+
+def test_the_heldout_split_draws_valid_examples_per_action_whatever_the_training_balance(tmp_path) -> None:  # noqa: ANN001
+    """Drawn at random, a held-out split of 10 invalid cancels, 10 valid ones and 90 valid replies
+    measures its false-positive rate mostly on replies; the held-out split always takes the valid
+    cancels first, so a critic that flags every cancel shows it there."""
+    cancel = {"name": "cancel_pending_order", "kwargs": {"order_id": "#W1234567", "reason": "no longer needed"}}
+    call = {"role": "assistant", "content": "", "tool_calls": [{"id": "c2", "type": "function", "function": {
+        "name": cancel["name"], "arguments": json.dumps(cancel["kwargs"])}}]}
+    reply = {"role": "assistant", "content": "Anything else?"}
+    kinds = [("cancel", "invalid")] * 10 + [("cancel", "valid")] * 10 + [("reply", "valid")] * 90
+    write_trajectories(tmp_path / "t.jsonl", [
+        Trajectory("retail", "train", 0, i, 0.0, 0, messages=[*MESSAGES, call if kind == "cancel" else reply])
+        for i, (kind, _) in enumerate(kinds)])
+    with (tmp_path / "l.jsonl").open("w") as f:
+        for i, (kind, verdict) in enumerate(kinds):
+            action = cancel if kind == "cancel" else {"name": "respond", "kwargs": {"content": "Anything else?"}}
+            error = "none" if verdict == "valid" else "policy_violation"
+            f.write(json.dumps({"trajectory_index": i, "message_index": 4, "action": action, "verdict": verdict,
+                                "error_type": error, "rationale": {"verdict": verdict, "error_type": error}}) + "\n")
+    build_critic_data(tmp_path / "l.jsonl", tmp_path / "t.jsonl", tmp_path / "data", heldout_fraction=0.99)
+    rows = pq.read_table(tmp_path / "data" / "heldout.parquet").to_pylist()
+    valid = [json.loads(r["request"])["proposal"]["name"] for r in rows if r["verdict"] == "valid"]
+    invalid = [r for r in rows if r["verdict"] == "invalid"]
+    assert len(valid) == len(invalid) >= 8 and set(valid) == {"cancel_pending_order"}

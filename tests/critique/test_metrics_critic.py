@@ -34,16 +34,18 @@ def test_detection_metrics_by_hand() -> None:
         detection_metrics(truth, predicted[:-1])
 
 
-def test_contested_false_positive_rate_counts_valid_actions_of_names_seen_invalid() -> None:
-    # a critic that flags every cancel: the plain rate (1 of 4 valid) hides what the contested
-    # rate (1 of 1 valid cancel) shows
-    truth = [("cancel_pending_order", "invalid"), ("cancel_pending_order", "valid"),
-             ("get_order_details", "valid"), ("respond", "valid"), ("find_user_id_by_email", "valid")]
-    predicted = ["invalid", "invalid", "valid", "valid", "valid"]
-    assert contested_false_positive_rate(truth, predicted) == 1.0
+def test_contested_false_positive_rate_weighs_each_name_by_its_errors() -> None:
+    # a critic that flags every valid cancel and no valid reply: the plain rate (1 of 5 valid)
+    # hides what the contested rate shows (cancels hold 3 of the 4 errors: 3/4 x 1.0 + 1/4 x 0.0)
+    truth = [("cancel_pending_order", "invalid")] * 3 + [("cancel_pending_order", "valid"), ("respond", "invalid")] + [
+        ("respond", "valid")] * 3 + [("get_order_details", "valid")]
+    predicted = ["invalid"] * 3 + ["invalid", "invalid"] + ["valid"] * 3 + ["valid"]
+    assert contested_false_positive_rate(truth, predicted) == pytest.approx(0.75)
     assert detection_metrics([(v, "none") for _, v in truth],
-                             [(p, "none") for p in predicted])["critic/false_positive_rate"] == pytest.approx(1 / 4)
-    assert contested_false_positive_rate(truth, ["invalid", "valid", "invalid", "valid", "valid"]) == 0.0
+                             [(p, "none") for p in predicted])["critic/false_positive_rate"] == pytest.approx(1 / 5)
+    flags_the_lookup = predicted[:-1] + ["invalid"]  # a name never invalid counts nothing
+    assert contested_false_positive_rate(truth, flags_the_lookup) == pytest.approx(0.75)
+    assert contested_false_positive_rate(truth, ["invalid"] * 3 + ["valid"] * 6) == 0.0
     assert contested_false_positive_rate([("respond", "valid")], ["invalid"]) == 0.0  # no contested name
 
 
