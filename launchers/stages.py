@@ -321,6 +321,7 @@ def critic_data(ctx: PipelineContext, out: Path) -> dict[str, Any]:
         valid_per_invalid=ctx.cfg.pipeline.critic_valid_per_invalid,
         aliases=EntityAliases(patterns) if (patterns := ctx.cfg.critic.model.entity_aliases) else None,
         per_action=ctx.cfg.pipeline.critic_balance == "per_action",
+        twins_of=ctx.data if ctx.cfg.pipeline.critic_twins else None,
     )
 
 

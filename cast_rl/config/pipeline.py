@@ -184,6 +184,13 @@ class PipelineConfig:
     invalid cancels met 17 valid ones and its critic flagged 0.041 of valid actions in the loop;
     per_action gave 137 valid cancels, and after 60 steps the critic flagged few (held-out recall
     0.54 at false-positive rate 0.0, 49 flags in 480 episodes; docs/quickstart.md)."""
+    critic_twins: bool = False
+    """Stage critic_data adds to the training split the argument twins of every write it keeps:
+    the same request with one argument set to each other value its tool's schema allows (an
+    enum: a cancel's reason), labelled by the labeller (cast_rl.critique.twins).  A valid and an
+    invalid cancel differ in one argument, which a critic trained on the actions alone never has
+    to read: on the quickstart it called all 117 cancels with the wrong reason valid.  The
+    held-out split gets none."""
     label_demonstrations: bool = False
     """Stage label also labels the warm-start's demonstrations (the teacher's trajectories, the
     paper's step 1), after 02_collect's, so the critic trains on both (``03_label/trajectories.jsonl``)."""

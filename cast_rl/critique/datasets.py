@@ -25,14 +25,16 @@ import logging
 import math
 import random
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from cast_rl.critique.context import iter_actions
 from cast_rl.critique.prompt import aliased, critic_messages
 from cast_rl.critique.rationale import Rationale, format_critique
+from cast_rl.critique.twins import twin_labels
 from cast_rl.critique.verifier import VerifyRequest
+from cast_rl.envs.core import DomainData
 from cast_rl.jsonl import iter_jsonl
 from cast_rl.models.aliases import EntityAliases
 from cast_rl.records import Trajectory, read_trajectories
@@ -198,12 +200,17 @@ def build_critic_data(
     valid_per_invalid: float = 1.0,
     aliases: EntityAliases | None = None,
     per_action: bool = False,
+    twins_of: DomainData | None = None,
 ) -> dict[str, Any]:
     """Write ``train.parquet`` and ``heldout.parquet``; returns counts for a summary.
 
     ``aliases``: the critic's ``critic.model.entity_aliases`` (:meth:`Example.row`);
     ``per_action``: ``pipeline.critic_balance=per_action`` (:func:`balance`) for the training
     split; the held-out split is always drawn per action.
+
+    ``twins_of``: the domain data of the labelled trajectories, to add to the training split the
+    argument twins (:mod:`cast_rl.critique.twins`) of every write it keeps (``pipeline.critic_twins``);
+    None adds none.  The held-out split never has twins.
 
     ``valid_per_invalid``: valid examples per invalid one in the training split (a critic in the
     loop sees mostly valid actions, and each false flag costs a revision); the held-out split stays
@@ -241,11 +248,26 @@ def build_critic_data(
         # false-positive rate is measured on the actions the errors are (a valid cancel), not
         # mostly on replies and lookups
         kept = balance(rows, rng, valid_per_invalid if name == "train" else 1.0, per_action or name == "heldout")
-        table = pa.Table.from_pylist([e.row(aliases) for e in kept], schema=_schema())
+        twins = _twins(twins_of, kept, trajectories, valid_answer) if name == "train" and twins_of else []
+        table = pa.Table.from_pylist([e.row(aliases) for e in kept + twins], schema=_schema())
         pq.write_table(table, out / f"{name}.parquet")
-        counts = Counter(e.verdict for e in kept)
-        summary[name] = {"examples": len(kept), "valid": counts["valid"], "invalid": counts["invalid"]}
+        counts = Counter(e.verdict for e in kept + twins)
+        summary[name] = {"examples": len(kept) + len(twins), "valid": counts["valid"], "invalid": counts["invalid"]}
+        if twins_of is not None and name == "train":
+            summary[name]["twins"] = len(twins)
     return summary
+
+
+def _twins(data: DomainData, kept: list[Example], trajectories: list[Trajectory], valid_answer: str) -> list[Example]:
+    """The labelled argument twins of the writes in ``kept``, each under its source's trajectory
+    index (a twin differs from its source in one argument only)."""
+    sources = [{"trajectory_index": e.trajectory_index, "message_index": e.message_index,
+                "action": e.request.proposal} for e in kept]
+    out: list[Example] = []
+    for position, trajectory, label in twin_labels(data, trajectories, sources):
+        examples, _ = examples_from_labels([label], [trajectory], valid_answer)
+        out += [replace(e, trajectory_index=kept[position].trajectory_index) for e in examples]
+    return out
 
 
 def _schema() -> Any:
