@@ -350,7 +350,7 @@ def train_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
         if cfg.pipeline.critic_heldout_eval:
             heldout = _heldout_critics(ctx, out, base, model)
             log.log(flat_heldout_metrics(heldout["critics"]))
-            summary["heldout"] = {name: {k: m[k] for k in ("critic", *HELDOUT_METRICS) if k in m}
+            summary["heldout"] = {name: {k: m[k] for k in ("critic", *HELDOUT_METRICS)}
                                   for name, m in heldout["critics"].items()}
     return summary
 

@@ -11,8 +11,8 @@ The critics compared are, by name:
 
 Model critics are served by critic-service actors (one critic's engines at a time, each shut
 down before the next starts).  Per critic (see :func:`cast_rl.critique.metrics.evaluate_verifier`):
-``recall``, ``precision``, ``false_positive_rate``, ``contested_false_positive_rate`` (on
-valid actions of a name the split also holds invalid), ``type_accuracy``, ``leakage_rate``,
+``recall``, ``precision``, ``false_positive_rate``, ``contested_false_positive_rate`` (each
+action's false-positive rate weighted by its invalid examples), ``type_accuracy``, ``leakage_rate``,
 ``unparsable_rate`` and ``examples``, plus ``critic``: what answered (``rule`` or the model
 directory).  Logged to W&B as ``critic/heldout/<critic>/<metric>``.
 """
