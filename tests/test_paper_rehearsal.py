@@ -139,10 +139,12 @@ REHEARSALS = [
 """The 4B layout runs in CI's slow suite; the others only under ``-m rehearse`` (make rehearse)."""
 
 
-REHEARSAL_NEED_S = 1800.0
-"""About what one layout's rehearsal takes on 2 shared cores (21 min measured, most of it the
-eight evaluation engines: four domains, before and after), more than CI's usual reserve for a
-slow test (tests/conftest.py), so the test checks the deadline itself."""
+REHEARSAL_NEED_S = 900.0
+"""What the 4B layout's rehearsal needs on 2 cores, with room: 526 s measured on 2026-12-05
+(eval_before 132 s and eval_after 117 s of it), more than CI's usual reserve for a slow test
+(tests/conftest.py), so the test checks the deadline itself.  It was 1800 s when the rehearsal
+took 21 minutes; with the slow suite in random order after the e2e run, that skipped the
+rehearsal whenever it came in the last 20 minutes of a 75-minute CI."""
 
 
 @pytest.mark.slow
