@@ -31,3 +31,12 @@ def test_fast_tests_ignore_the_deadline() -> None:
     out = _run(time.time() - 10, "tests/test_docs.py", "not slow")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "passed" in out.stdout and "CI time budget" not in out.stdout, out.stdout
+
+
+def test_a_test_with_its_own_reserve_is_skipped_where_the_usual_reserve_would_start_it() -> None:
+    """The 4B rehearsal's ``ci_reserve`` (900 s) outweighs the usual reserve (420 s): with 600 s
+    left it does not start, and the reason names its own need."""
+    node = "tests/test_paper_rehearsal.py::test_layout_rehearses_every_stage_and_four_domains[qwen3_4b_1x8gpu]"
+    out = _run(time.time() + 600, node, "slow")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 skipped" in out.stdout and "needs up to 900 s" in out.stdout, out.stdout
