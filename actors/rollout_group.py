@@ -34,7 +34,16 @@ _WORKER_FAILURES = (RayActorError, ActorDiedError, ActorUnavailableError)
 
 
 def default_chunk_size(units: int, workers: int, episodes_in_flight: int) -> int:
-    """``rollout.chunk_size=None``: about two chunks per worker, none above ``episodes_in_flight``."""
+    """``rollout.chunk_size=None``.  When every worker's share fits in flight at once
+    (``ceil(units / workers) <= episodes_in_flight``), one chunk per worker: a worker runs one
+    chunk at a time, so a second chunk would halve what its engine batches for no gain: small
+    collections are latency-bound (the 4B rehearsal's evaluation, two episodes per configuration:
+    14-17 s as two chunks of one, 7-10 s as one chunk; its eval_before stage 157 s -> 109 s on 2
+    cores, 2026-12-05).  Larger collections: about two chunks per worker, none above
+    ``episodes_in_flight``, so a fast worker takes a slow one's share."""
+    share = -(-units // workers)
+    if share <= episodes_in_flight:
+        return max(1, share)
     return max(1, min(episodes_in_flight, -(-units // (2 * workers))))
 
 
@@ -197,6 +206,20 @@ class RolloutGroup:
         if hasattr(weights, "deliver"):
             return weights.deliver(self.workers, self.cfg.inference.tensor_parallel_size)
         return ray.get([w.update_weights.remote(version, weights, checksum) for w in self.workers])
+
+    def load_policy(self, cfg: CastConfig) -> bool:
+        """Every worker serves ``cfg.policy.path`` as a restart on it would (version 0), its
+        running engine loading the checkpoint's weights in place: seconds instead of an engine
+        start.  Returns False, with nothing changed, when a worker cannot (another architecture
+        or tokenizer, an adapter served): then the caller restarts the group.  A worker Ray
+        restarts later is rebuilt on ``cfg.policy``."""
+        path = cfg.policy.path
+        if not all(ray.get([w.can_load_policy.remote(path) for w in self.workers])):
+            return False
+        ray.get([w.load_policy.remote(path) for w in self.workers])
+        self.cfg = dataclasses.replace(self.cfg, policy=cfg.policy)
+        self.built_cfg = dataclasses.replace(self.built_cfg, policy=cfg.policy)
+        return True
 
     def set_verification_budget(self, budget: int) -> None:
         """Every worker runs later episodes with this many critique-revise rounds (0: no critic).

@@ -67,6 +67,12 @@ class RolloutWorkerActor:
     async def update_weights(self, version: int, weights: Any, checksum: str) -> int:
         return await self.worker.update_weights(version, weights, checksum)
 
+    def can_load_policy(self, path: str) -> bool:
+        return self.worker.can_load_policy(path)
+
+    async def load_policy(self, path: str) -> str:
+        return await self.worker.load_policy(path)
+
     async def join_weight_sync(self, addr: str, port: int, rank_offset: int, world_size: int, backend: str,
                                timeout_s: float, key: str) -> list[int]:
         return await weights.join(self.worker, addr, port, rank_offset, world_size, backend, timeout_s, key)

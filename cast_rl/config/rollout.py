@@ -30,8 +30,9 @@ class RolloutConfig:
     reloads) before the collection fails."""
     chunk_size: int | None = None
     """Episodes a worker takes per request from the group's queue (a crashed worker's chunk runs
-    again); None: ceil(units / (2 x num_workers)), at most episodes_in_flight, so each worker
-    gets about two chunks."""
+    again); None: ceil(units / num_workers) when that fits in episodes_in_flight (one chunk per
+    worker, all in flight together), else ceil(units / (2 x num_workers)), at most
+    episodes_in_flight, so each worker gets about two chunks."""
     weight_sync: str = "object_store"
     """How new weights reach the engines: object_store (full state dict through Ray, checked
     with sha256; works anywhere), collective (learner rank 0 broadcasts buckets in policy.dtype

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import logging
 import math
 import zlib
@@ -244,15 +245,44 @@ def state_fingerprint(meta: WeightMeta, state: Mapping[str, torch.Tensor]) -> st
     return fingerprint(sums)
 
 
-def checkpoint_tensors(model_path: str | Path, names: Iterable[str]) -> dict[str, torch.Tensor]:
-    """Those of the tensors ``names`` that the safetensors checkpoint in ``model_path`` (what an
-    engine started from) holds: checks that a first update equals that checkpoint."""
-    wanted, found = set(names), {}
+def checkpoint_tensors(model_path: str | Path, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+    """Those of the tensors ``names`` (None: all) that the safetensors checkpoint in
+    ``model_path`` (what an engine started from) holds: checks that a first update equals that
+    checkpoint, and loads a checkpoint into a running engine."""
+    wanted, found = None if names is None else set(names), {}
     for path in sorted(Path(model_path).glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:
-            for name in wanted.intersection(f.keys()):
+            for name in f.keys() if wanted is None else wanted.intersection(f.keys()):
                 found[name] = f.get_tensor(name)
     return found
+
+
+_CONFIG_NOISE = ("_name_or_path", "transformers_version", "torch_dtype", "dtype")
+"""``config.json`` keys two checkpoints of one model may differ in."""
+
+
+def same_model(served: str | Path, other: str | Path) -> bool:
+    """Whether the Hugging Face directory ``other`` holds the model ``served`` holds, up to its
+    weights: the same ``config.json`` (architecture and sizes; save-time noise aside), the same
+    tokenizer files and chat template, and safetensors weights.  Then an engine serving
+    ``served`` can load ``other``'s tensors in place of a restart on it."""
+    served, other = Path(served), Path(other)
+    if served.resolve() == other.resolve():
+        return True
+    if not any(other.glob("*.safetensors")):
+        return False
+    try:
+        configs = [json.loads((d / "config.json").read_text()) for d in (served, other)]
+    except (OSError, ValueError):
+        return False
+    first, second = ({k: v for k, v in c.items() if k not in _CONFIG_NOISE} for c in configs)
+    if first != second:
+        return False
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
+        a, b = served / name, other / name
+        if a.exists() != b.exists() or (a.exists() and a.read_bytes() != b.read_bytes()):
+            return False
+    return True
 
 
 def weight_sync_group(

@@ -56,6 +56,8 @@ class StageGroup(Collector, Protocol):
 
     def set_domain(self, cfg: CastConfig) -> None: ...
 
+    def load_policy(self, cfg: CastConfig) -> bool: ...
+
     def set_critic(self, critic: CriticConfig) -> str: ...
 
     def set_verification_budget(self, budget: int) -> None: ...
@@ -246,9 +248,14 @@ class PipelineContext:
         self.policy_version = version
 
     def policy_moved(self, path: Path) -> None:
-        """The current policy is now the HF directory ``path``; a running group is restarted
-        lazily so that it serves it (only between stages, never mid-collection)."""
+        """The current policy is now the HF directory ``path`` (only between stages, never
+        mid-collection): a running group loads its weights in place when its engines serve the
+        same model (:meth:`StageGroup.load_policy`), else it is shut down and restarted lazily
+        on ``path``."""
         self.policy_path = path
+        if self._group is not None and self._group.load_policy(self.with_policy()):
+            logger.info("rollout group: now serves %s (loaded in place)", path)
+            return
         self.release_rollout_group()
 
     def release_rollout_group(self) -> None:

@@ -27,7 +27,12 @@ from cast_rl.critique.verifier import GuardedVerifier
 from cast_rl.envs.core import DomainData
 from cast_rl.inference.adapters import AdapterUpdate
 from cast_rl.inference.base import Completion, InferenceEngine, Sampling
-from cast_rl.inference.weight_sync import WeightSyncError, checkpoint_tensors, state_checksum
+from cast_rl.inference.weight_sync import (
+    WeightSyncError,
+    checkpoint_tensors,
+    same_model,
+    state_checksum,
+)
 from cast_rl.models.chat import check_appends_only
 from cast_rl.records import Trajectory
 from cast_rl.rollout.collector import Tree, Unit
@@ -152,6 +157,40 @@ class RolloutWorker:
             return await verify_blame(self.runner.data, trajectories, labels, lambda _: self.runner, k, seed)
         finally:
             self._busy_s += time.perf_counter() - t0
+
+    def can_load_policy(self, path: str) -> bool:
+        """Whether :meth:`load_policy` can serve ``path`` on the running engine: an engine that
+        loads weights, playing the policy itself with no adapter, and a checkpoint with the served
+        model's architecture, sizes and tokenizer (:func:`~cast_rl.inference.weight_sync.same_model`)."""
+        engine = self.engine.engine
+        served = getattr(engine, "model_path", None)
+        return (self.plays is self.engine and self.engine.adapter is None and served is not None
+                and hasattr(engine, "load_weights") and same_model(served, path))
+
+    async def load_policy(self, path: str) -> str:
+        """Serve the checkpoint in ``path`` as a restart on it would, without restarting: its
+        tensors load into the running engine (through :meth:`swap`, so the greedy probe must move
+        unless they equal the weights served), the version starts again at 0 and ``path``
+        becomes the checkpoint the engine started from.  Only where :meth:`can_load_policy`."""
+        if not self.can_load_policy(path):
+            raise ValueError(f"cannot load {path} in place on this worker: another architecture or tokenizer "
+                             "than the served model's, an adapter served, or a policy that is not the engine")
+        engine = self.engine.engine
+        state = checkpoint_tensors(path)
+        checksum = state_checksum(state)
+
+        async def load() -> str:
+            await engine.load_weights(state)
+            return checksum
+
+        def same_as_served(_: str) -> bool:
+            disk = checkpoint_tensors(engine.model_path, state)
+            return bool(disk) and all(torch.equal(t, state[n].to("cpu")) for n, t in disk.items())
+
+        await self.swap(0, load, same_as_served)
+        engine.model_path = str(path)
+        self.checksum = None  # what the engine "started from" is now path's checkpoint
+        return checksum
 
     async def update_weights(self, version: int, weights: dict[str, Any] | AdapterUpdate, checksum: str) -> int:
         """Load new weights in place; refuses stale versions and corrupted payloads.  ``weights`` is

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,54 @@ def test_weight_update_changes_greedy_output_and_is_versioned(group_and_cfg, tin
     assert all(t.policy_version == 1 for t in after)
     first_turn = lambda t: [i for i, m in zip(t.token_ids, t.loss_mask) if m][:8]  # noqa: E731
     assert [first_turn(t) for t in before] != [first_turn(t) for t in after]
+
+
+def _checkpoint_copy(src: Path, dst: Path, noise: float) -> Path:
+    """``src``'s files with every weight moved by ``noise`` x a fixed Gaussian draw."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    generator = torch.Generator().manual_seed(1)
+    for path in dst.glob("*.safetensors"):
+        state = load_file(str(path))
+        save_file({k: v + noise * torch.randn(v.shape, generator=generator) for k, v in state.items()}, str(path),
+                  metadata={"format": "pt"})
+    return dst
+
+
+def test_a_moved_policy_loads_in_place_and_another_model_does_not(group_and_cfg, tiny_model_dir: Path,
+                                                                  tmp_path: Path) -> None:  # noqa: ANN001
+    """``RolloutGroup.load_policy``: a checkpoint of the served model (another stage's weights)
+    replaces them on the running engines, version 0, as a restart on it would; a checkpoint of
+    another model (here another config) is refused with nothing changed.  The group ends serving
+    the session's model at version 0 again, as the module's other tests expect."""
+    import dataclasses
+
+    from transformers import AutoTokenizer
+
+    group, cfg = group_and_cfg
+    ids = AutoTokenizer.from_pretrained(tiny_model_dir)("Hello, I want to cancel an order.").input_ids
+
+    def greedy() -> list[list[int]]:
+        return ray.get([w.greedy_answer.remote(ids, 8) for w in group.workers])
+
+    def at(path: Path) -> object:
+        return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, path=str(path)))
+
+    moved = _checkpoint_copy(tiny_model_dir, tmp_path / "moved", noise=0.05)
+    assert group.load_policy(at(moved))
+    assert group.metrics()["rollout/policy_version"] == 0
+    assert group.built_cfg.policy.path == str(moved)  # a worker Ray restarts is rebuilt on it
+    served_moved = greedy()
+    assert group.load_policy(at(tiny_model_dir))
+    original = greedy()
+    assert served_moved != original and original[0] == original[1]
+
+    other = _checkpoint_copy(tiny_model_dir, tmp_path / "other", noise=0.0)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "num_hidden_layers": config["num_hidden_layers"] + 1}))
+    assert not group.load_policy(at(other))
+    assert greedy() == original and group.built_cfg.policy.path == str(tiny_model_dir)

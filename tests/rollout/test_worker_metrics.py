@@ -90,9 +90,14 @@ def test_chunk_size_is_a_key_with_a_documented_default() -> None:
 
     assert load_config(None).rollout.chunk_size is None
     assert load_config(None, ["rollout.chunk_size=5"]).rollout.chunk_size == 5
-    # None: about two chunks per worker (ceil(10 / (2 x 2)) = 3), capped by episodes_in_flight
+    # None: one chunk per worker while a worker's share fits in flight (ceil(10 / 2) = 5; four
+    # units on one worker run together, not as two rounds of two), else about two chunks per
+    # worker (ceil(50 / (2 x 1)) = 25), capped by episodes_in_flight
     assert (
         default_chunk_size(10, 2, 32),
+        default_chunk_size(4, 1, 16),
+        default_chunk_size(50, 1, 32),
         default_chunk_size(100, 1, 32),
         default_chunk_size(1, 4, 32),
-    ) == (3, 32, 1)
+        default_chunk_size(80, 1, 120),
+    ) == (5, 4, 25, 32, 1, 80)
