@@ -138,8 +138,8 @@ REHEARSALS = [
 
 
 REHEARSAL_NEED_S = 900.0
-"""What the 4B layout's rehearsal needs on 2 cores, with room: 526 s measured on 2026-12-05
-(eval_before 132 s and eval_after 117 s of it), more than CI's usual reserve for a slow test
+"""What the 4B layout's rehearsal needs on 2 cores, with room: 385 s measured on 2026-12-05
+(526 s before small collections ran as one chunk per worker), more than CI's usual reserve for a slow test
 (tests/conftest.py), hence its own ``ci_reserve``.  It was 1800 s when the rehearsal took 21
 minutes; with the slow suite in random order after the e2e run, that skipped the rehearsal
 whenever it came in the last 20 minutes of a 75-minute CI."""
