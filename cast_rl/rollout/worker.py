@@ -183,11 +183,7 @@ class RolloutWorker:
             await engine.load_weights(state)
             return checksum
 
-        def same_as_served(_: str) -> bool:
-            disk = checkpoint_tensors(engine.model_path, state)
-            return bool(disk) and all(torch.equal(t, state[n].to("cpu")) for n, t in disk.items())
-
-        await self.swap(0, load, same_as_served)
+        await self.swap(0, load, lambda _: self._equals_started_checkpoint(state))
         engine.model_path = str(path)
         self.checksum = None  # what the engine "started from" is now path's checkpoint
         return checksum
@@ -210,13 +206,14 @@ class RolloutWorker:
             await self.engine.engine.load_weights(weights)  # type: ignore[attr-defined]
             return checksum
 
-        def same_as_initial(_: str) -> bool:
-            # names the checkpoint does not hold (e.g. a tied output layer) are not compared
-            disk = checkpoint_tensors(self.engine.engine.model_path, weights)  # type: ignore[attr-defined]
-            return bool(disk) and all(torch.equal(t, weights[n].to("cpu")) for n, t in disk.items())
-
-        await self.swap(version, load, same_as_initial)
+        await self.swap(version, load, lambda _: self._equals_started_checkpoint(weights))
         return version
+
+    def _equals_started_checkpoint(self, state: dict[str, Any]) -> bool:
+        """Whether ``state`` equals the checkpoint the engine started from (or last loaded in
+        place); names the checkpoint does not hold (e.g. a tied output layer) are not compared."""
+        disk = checkpoint_tensors(self.engine.engine.model_path, state)  # type: ignore[attr-defined]
+        return bool(disk) and all(torch.equal(t, state[n].to("cpu")) for n, t in disk.items())
 
     async def _update_adapter(self, version: int, update: AdapterUpdate, checksum: str) -> int:
         """Serve the policy's adapter at ``version`` (the engine checks the tensors against
