@@ -32,7 +32,7 @@ from actors.teacher_service import rewrite_with_service
 from actors.verifier_service import label_with_service
 from cast_rl.config import to_dict
 from cast_rl.critique.blame import blame_metrics, confirmed_keys, count_failed, write_blame
-from cast_rl.critique.datasets import build_critic_data, read_requests
+from cast_rl.critique.datasets import build_configured_critic_data, read_requests
 from cast_rl.critique.labeller import label_file, read_for_labelling, write_labels
 from cast_rl.critique.service import critic_description
 from cast_rl.critique.verifier import RuleVerifier
@@ -48,7 +48,6 @@ from cast_rl.eval.net_benefit import (
 from cast_rl.learner.loop import train_supervised
 from cast_rl.learner.sample import Sample
 from cast_rl.learner.schedule import phase_steps
-from cast_rl.models.aliases import EntityAliases
 from cast_rl.models.setup import ensure_model, training_corpus
 from cast_rl.pipeline.context import (
     PipelineContext,
@@ -314,15 +313,8 @@ def critic_data(ctx: PipelineContext, out: Path) -> dict[str, Any]:
 
         checked, confirmed = confirmed_keys(ctx.stage_dir("label") / "blame.jsonl")
         drop = checked - confirmed  # invalid labels the counterfactual did not bear out
-    return build_critic_data(
-        ctx.stage_dir("label") / "labels.jsonl", labelled_trajectories(ctx),
-        out, heldout_fraction=ctx.cfg.pipeline.critic_heldout_fraction, seed=ctx.cfg.seed, drop_from_train=drop,
-        valid_answer=ctx.cfg.pipeline.critic_valid_answer,
-        valid_per_invalid=ctx.cfg.pipeline.critic_valid_per_invalid,
-        aliases=EntityAliases(patterns) if (patterns := ctx.cfg.critic.model.entity_aliases) else None,
-        per_action=ctx.cfg.pipeline.critic_balance == "per_action",
-        twins_of=ctx.data if ctx.cfg.pipeline.critic_twins else None,
-    )
+    return build_configured_critic_data(ctx.cfg, ctx.stage_dir("label") / "labels.jsonl", labelled_trajectories(ctx),
+                                        out, data=ctx.data, drop_from_train=drop)
 
 
 def train_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:

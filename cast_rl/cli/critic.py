@@ -41,18 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from cast_rl.critique.datasets import build_critic_data
-    from cast_rl.envs.setup import load_env_data
+    from cast_rl.critique.datasets import build_configured_critic_data
 
-    cfg = config_from_args(args)
-    summary = build_critic_data(
-        args.labels, args.trajectories, args.out,
-        heldout_fraction=cfg.pipeline.critic_heldout_fraction, seed=cfg.seed,
-        valid_answer=cfg.pipeline.critic_valid_answer,
-        valid_per_invalid=cfg.pipeline.critic_valid_per_invalid,
-        per_action=cfg.pipeline.critic_balance == "per_action",
-        twins_of=load_env_data(cfg) if cfg.pipeline.critic_twins else None,
-    )
+    summary = build_configured_critic_data(config_from_args(args), args.labels, args.trajectories, args.out)
     print(json.dumps(summary, indent=2))
     return 0
 

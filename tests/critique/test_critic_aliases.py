@@ -157,3 +157,34 @@ def test_the_heldout_split_draws_valid_examples_per_action_whatever_the_training
     valid = [json.loads(r["request"])["proposal"]["name"] for r in rows if r["verdict"] == "valid"]
     invalid = [r for r in rows if r["verdict"] == "invalid"]
     assert len(valid) == len(invalid) >= 8 and set(valid) == {"cancel_pending_order"}
+
+
+def test_cli_build_data_writes_the_prompt_the_served_critic_reads(tmp_path, capsys) -> None:  # noqa: ANN001
+    """``cast-rl critic build-data`` writes its prompts as the served critic of the same config
+    asks: aliased (``critic.model.entity_aliases``) and cut to ``critic.max_prompt_chars`` (the
+    oldest messages first).  Written with the defaults instead, a critic trained on them would read
+    real ids and a whole transcript it is never shown when served."""
+    from cast_rl.cli import main
+
+    messages = [*MESSAGES, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c2", "type": "function", "function": {
+            "name": "cancel_pending_order",
+            "arguments": '{"order_id": "#W1234567", "reason": "no longer needed"}'}}]}]
+    write_trajectories(tmp_path / "t.jsonl", [Trajectory("retail", "train", 0, 0, 0.0, 0, messages=messages)])
+    label = {"trajectory_index": 0, "message_index": 4, "action": _request().proposal, "verdict": "invalid",
+             "error_type": "policy_violation",
+             "rationale": {"verdict": "invalid", "error_type": "policy_violation", "evidence": [], "policy_clause": "",
+                           "explanation": "#W1234567 is cancelled without an explicit yes.", "suggested_fix": ""}}
+    (tmp_path / "l.jsonl").write_text(json.dumps(label) + "\n")
+    overrides = ["critic.backend=model", f"critic.model.entity_aliases={json.dumps(PATTERNS)}",
+                 "critic.max_prompt_chars=150", "pipeline.critic_heldout_fraction=0.0"]
+    assert main(["critic", "build-data", *overrides, "--labels", str(tmp_path / "l.jsonl"),
+                 "--trajectories", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "data")]) == 0
+    capsys.readouterr()
+    [row] = pq.read_table(tmp_path / "data" / "train.parquet").to_pylist()
+    engine = RecordingEngine()
+    asyncio.run(build_verifier(load_config(None, overrides).critic, engine=engine).verify(
+        [VerifyRequest(**json.loads(row["request"]))]))
+    assert json.loads(row["prompt_messages"]) == engine.prompts[0]
+    shown = engine.prompts[0][-1]["content"]
+    assert "(earlier messages omitted)" in shown and "[order_1]" in shown and "#W1234567" not in shown
