@@ -269,7 +269,7 @@ def build_configured_critic_data(
     """:func:`build_critic_data` with the options a :class:`~cast_rl.config.Config` names
     (``pipeline.critic_*``, ``seed``, and the served critic's ``critic.model.entity_aliases`` and
     ``critic.max_prompt_chars``), so that stage critic_data and ``cast-rl critic build-data``
-    write the same data, read as the critic ``cfg`` serves will read.  ``data``: the labelled
+    write the same data, as the critic that ``cfg`` serves reads it.  ``data``: the labelled
     trajectories' domain data for ``pipeline.critic_twins`` (loaded from ``cfg`` when None)."""
     pipe = cfg.pipeline
     if pipe.critic_twins and data is None:
