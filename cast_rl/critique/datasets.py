@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cast_rl.critique.context import iter_actions
-from cast_rl.critique.prompt import aliased, critic_messages
+from cast_rl.critique.prompt import MAX_PROMPT_CHARS, aliased, critic_messages
 from cast_rl.critique.rationale import Rationale, format_critique
 from cast_rl.critique.twins import twin_labels
 from cast_rl.critique.verifier import VerifyRequest
@@ -81,7 +81,7 @@ class Example:
     trajectory_index: int
     message_index: int
 
-    def row(self, aliases: EntityAliases | None = None, max_prompt_chars: int = 24_000) -> dict[str, Any]:
+    def row(self, aliases: EntityAliases | None = None, max_prompt_chars: int = MAX_PROMPT_CHARS) -> dict[str, Any]:
         """The Parquet row; with ``aliases`` the prompt and the completion read the conversation's
         identifiers as aliases, as the served critic will (``request`` keeps them real); the
         transcript is cut to ``max_prompt_chars`` (``critic.max_prompt_chars``) as the served
@@ -203,7 +203,7 @@ def build_critic_data(
     aliases: EntityAliases | None = None,
     per_action: bool = False,
     twins_of: DomainData | None = None,
-    max_prompt_chars: int = 24_000,
+    max_prompt_chars: int = MAX_PROMPT_CHARS,
 ) -> dict[str, Any]:
     """Write ``train.parquet`` and ``heldout.parquet``; returns counts for a summary.
 

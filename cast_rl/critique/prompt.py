@@ -79,7 +79,12 @@ def aliased(request: VerifyRequest, aliases: EntityAliases | None) -> tuple[Veri
     return VerifyRequest(request.domain, request.policy, messages, proposal), table
 
 
-def critic_messages(request: VerifyRequest, max_chars: int = 24_000) -> list[dict[str, str]]:
+MAX_PROMPT_CHARS = 24_000
+"""The transcript a critic is shown when nothing else is configured (``critic.max_prompt_chars``'s
+default): its training data, the served critic and the teacher cut to the same length."""
+
+
+def critic_messages(request: VerifyRequest, max_chars: int = MAX_PROMPT_CHARS) -> list[dict[str, str]]:
     """OpenAI-style messages for the critic's chat template.
 
     System messages of the conversation are left out (the policy is in the critic's system

@@ -21,7 +21,7 @@ from typing import Any
 from cast_rl.config.schema import TeacherConfig
 from cast_rl.critique.context import ActionRef, Visible
 from cast_rl.critique.labeller import ActionLabel, teacher_items
-from cast_rl.critique.prompt import critic_messages
+from cast_rl.critique.prompt import MAX_PROMPT_CHARS, critic_messages
 from cast_rl.critique.rationale import Rationale, format_critique, leakage_problems, parse_critique
 from cast_rl.critique.verifier import VerifyRequest
 from cast_rl.envs.core import DomainData
@@ -51,7 +51,7 @@ class TeacherStats:
 class Teacher:
     """Rewrites rationales through an engine; see the module docstring."""
 
-    def __init__(self, engine: Any, sampling: Sampling | None = None, max_prompt_chars: int = 24_000) -> None:
+    def __init__(self, engine: Any, sampling: Sampling | None = None, max_prompt_chars: int = MAX_PROMPT_CHARS) -> None:
         self.engine = engine
         self.sampling = sampling or Sampling(max_new_tokens=384, temperature=0.0, logprobs=False)
         self.max_prompt_chars = max_prompt_chars

@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from cast_rl.critique.context import ActionRef, Visible
-from cast_rl.critique.prompt import aliased, critic_messages
+from cast_rl.critique.prompt import MAX_PROMPT_CHARS, aliased, critic_messages
 from cast_rl.critique.rationale import (
     Rationale,
     format_critique,
@@ -84,7 +84,7 @@ class ModelVerifier:
     """
 
     def __init__(
-        self, engine: Any, sampling: Any = None, max_prompt_chars: int = 24_000, name: str = "",
+        self, engine: Any, sampling: Any = None, max_prompt_chars: int = MAX_PROMPT_CHARS, name: str = "",
         owns_engine: bool = True, min_invalid_prob: float = 0.0, aliases: EntityAliases | None = None,
     ) -> None:
         self.engine = engine

@@ -188,3 +188,12 @@ def test_cli_build_data_writes_the_prompt_the_served_critic_reads(tmp_path, caps
     assert json.loads(row["prompt_messages"]) == engine.prompts[0]
     shown = engine.prompts[0][-1]["content"]
     assert "(earlier messages omitted)" in shown and "[order_1]" in shown and "#W1234567" not in shown
+
+
+def test_the_served_critics_default_transcript_is_its_training_datas() -> None:
+    """``critic.max_prompt_chars``'s default (the config layer imports nothing of cast_rl.critique)
+    is the length the data builder and the critic prompt fall back to."""
+    from cast_rl.config.critic import CriticConfig, TeacherConfig
+    from cast_rl.critique.prompt import MAX_PROMPT_CHARS
+
+    assert CriticConfig().max_prompt_chars == TeacherConfig().max_prompt_chars == MAX_PROMPT_CHARS
