@@ -83,14 +83,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    import torch
     from transformers import AutoTokenizer
 
     t0 = time.perf_counter()
     data_dir, model_dir = _inputs(args, out)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     splits = {s: load_examples(data_dir / f"{s}.parquet", tokenizer, args.max_tokens) for s in ("train", "heldout")}
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     runs: dict[str, Any] = {}
     for lr in args.lrs:
         runs[f"verdict@{lr:g}"] = probe(model_dir, splits, args, lr)

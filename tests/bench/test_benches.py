@@ -119,9 +119,6 @@ def test_async_overlap() -> None:
     assert result["async_staleness_max"] <= 1  # replay.max_staleness=1
 
 
-# ---------------------------------------------------------------- slow: a vLLM engine each (minutes)
-
-
 def test_critic_verdict_probe(tmp_path: Path) -> None:
     """Without ``make quickstart``: critic data from 12 noisy-teacher episodes, two probe steps of
     the tiny policy model on the verdict and two on the control label."""
@@ -139,10 +136,10 @@ def test_critic_verdict_probe(tmp_path: Path) -> None:
     assert set(result["runs"]["control@0.0003"]["curve"][0]["train"]) <= {"reason=most common", "reason=other"}
 
 
-def test_critic_verdict_probe_groups_and_auc() -> None:
+def test_critic_verdict_probe_groups_and_auc(monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe's pure parts: an invalid example's group is its labeller's explanation, the AUC
     counts ties as half, the control label is the argument's most common value."""
-    sys.path.insert(0, str(REPO_ROOT))
+    monkeypatch.syspath_prepend(str(REPO_ROOT))
     from bench.critic_verdict_probe import auc, control_examples, group_of
 
     row = {"verdict": "invalid", "error_type": "policy_violation",
@@ -153,6 +150,9 @@ def test_critic_verdict_probe_groups_and_auc() -> None:
     assert auc([0.2, 0.3], [1, 1]) is None
     examples = [{"kwargs": {"reason": r}, "label": 0, "group": ""} for r in ("a", "b", "a")] + [{"kwargs": {}}]
     assert [e["label"] for e in control_examples(examples, "reason")] == [1, 0, 1]
+
+
+# ---------------------------------------------------------------- slow: a vLLM engine each (minutes)
 
 
 @pytest.mark.slow
