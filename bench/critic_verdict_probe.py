@@ -89,13 +89,12 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     data_dir, model_dir = _inputs(args, out)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     splits = {s: load_examples(data_dir / f"{s}.parquet", tokenizer, args.max_tokens) for s in ("train", "heldout")}
+    control = {s: control_examples(ex, args.control_arg) for s, ex in splits.items()} if args.control_arg else {}
     runs: dict[str, Any] = {}
     for lr in args.lrs:
         runs[f"verdict@{lr:g}"] = probe(model_dir, splits, args, lr)
-        if args.control_arg:
-            control = {s: control_examples(ex, args.control_arg) for s, ex in splits.items()}
-            if control["train"]:
-                runs[f"control@{lr:g}"] = probe(model_dir, control, args, lr)
+        if control.get("train"):
+            runs[f"control@{lr:g}"] = probe(model_dir, control, args, lr)
     return {"model": str(model_dir), "data": str(data_dir), "train_examples": len(splits["train"]),
             "heldout_examples": len(splits["heldout"]), "steps": args.steps, "batch_size": args.batch_size,
             "runs": runs, "wall_s": round(time.perf_counter() - t0, 1)}
@@ -144,11 +143,12 @@ def load_examples(path: Path, tokenizer: Any, max_tokens: int) -> list[dict[str,
 
 def group_of(row: dict[str, Any], proposal: dict[str, Any]) -> str:
     """``invalid/<error type>: <explanation>`` or ``valid: <proposed tool>``."""
+    from cast_rl.critique.rationale import parse_critique
+
     if row["verdict"] != "invalid":
         return f"valid: {proposal.get('name')}"
-    explanation = next((line.removeprefix("EXPLANATION:").strip() for line in row["completion"].splitlines()
-                        if line.startswith("EXPLANATION:")), "")
-    return f"invalid/{row['error_type']}: {explanation}"
+    critique = parse_critique(row["completion"])
+    return f"invalid/{row['error_type']}: {critique.explanation if critique else ''}"
 
 
 def control_examples(examples: list[dict[str, Any]], arg: str) -> list[dict[str, Any]]:
@@ -172,9 +172,11 @@ def probe(model_dir: Path, splits: dict[str, list[dict[str, Any]]], args: argpar
     train = splits["train"]
     points = sorted({round(args.steps * f) for f in (0, 0.25, 0.5, 0.75, 1.0)})
     curve = []
+    probs: dict[str, list[float]] = {}
     for step in range(args.steps + 1):
         if step in points:
-            curve.append({"step": step, **{s: groups(p_invalid(model, ex), ex) for s, ex in splits.items()}})
+            probs = {s: p_invalid(model, ex) for s, ex in splits.items()}
+            curve.append({"step": step, **{s: groups(probs[s], ex) for s, ex in splits.items()}})
             print(f"lr {lr:g} step {step}: {json.dumps(curve[-1])}", file=sys.stderr, flush=True)  # progress
         if step == args.steps:
             break
@@ -183,7 +185,7 @@ def probe(model_dir: Path, splits: dict[str, list[dict[str, Any]]], args: argpar
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    final = {s: auc(p_invalid(model, ex), [e["label"] for e in ex]) for s, ex in splits.items()}
+    final = {s: auc(probs[s], [e["label"] for e in ex]) for s, ex in splits.items()}  # the last point's
     return {"lr": lr, "curve": curve, "train_auc": final["train"], "heldout_auc": final["heldout"]}
 
 
