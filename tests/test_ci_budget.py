@@ -13,10 +13,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _run(deadline: float, node: str, marker: str) -> subprocess.CompletedProcess[str]:
+def _run(deadline: float, node: str, marker: str, *extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CAST_RL_CI_DEADLINE": str(int(deadline))}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", node, "-m", marker, "-rs", "-q", "-p", "no:randomly", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", node, "-m", marker, "-rs", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+         *extra],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
 
@@ -25,6 +26,28 @@ def test_a_slow_test_near_the_deadline_is_skipped_with_the_time_left() -> None:
     out = _run(time.time() + 60, "tests/bench/test_benches.py::test_weight_sync", "slow")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "1 skipped" in out.stdout and "CI time budget" in out.stdout, out.stdout
+
+
+def test_the_deadline_holds_in_the_test_processes_make_starts() -> None:
+    """``make test`` and ``make test-slow`` run the tests in two pytest-xdist processes (docs/testing.md:
+    the suites' time on 2 cores); the skip near the deadline happens in those processes too."""
+    out = _run(time.time() + 60, "tests/bench/test_benches.py::test_weight_sync", "slow", "-n", "2",
+               "--dist", "loadfile")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 skipped" in out.stdout and "CI time budget" in out.stdout, out.stdout
+
+
+def test_make_runs_both_suites_in_two_processes_by_default() -> None:
+    """What took CI under its hour (docs/testing.md): a Makefile edit that drops the workers fails here."""
+    dry = subprocess.run(["make", "-n", "-o", "setup", "-o", ".venv/.cast_rl-installed", "test", "test-slow"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60, check=True).stdout
+    suites = [line for line in dry.splitlines() if " -m pytest " in line]
+    assert len(suites) == 2, dry
+    for line in suites:
+        assert " -n 2 --dist loadfile" in line, line
+    fewer = subprocess.run(["make", "-n", "-o", "setup", "-o", ".venv/.cast_rl-installed", "test", "TEST_WORKERS=0"],
+                           cwd=REPO, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert " -n 0 --dist loadfile" in fewer, fewer
 
 
 def test_fast_tests_ignore_the_deadline() -> None:

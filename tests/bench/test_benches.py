@@ -225,7 +225,7 @@ def test_llm_verifier(benchmarks_dir: Path, smollm2_dir: Path) -> None:
     if not (benchmarks_dir / "retail" / "policy.md").is_file():
         pytest.skip(f"benchmark data not found at {benchmarks_dir} (it lives beside the repo)")
     result = run_bench("llm_verifier", "--benchmarks", str(benchmarks_dir), "--domains", "retail", "--gold", "1",
-                       "--perturbed", "1", "--model-dir", str(smollm2_dir), timeout=1800)
+                       "--perturbed", "1", "--max-prompt-chars", "1000", "--model-dir", str(smollm2_dir), timeout=1800)
     assert_keys(result, ["model", "trajectories", "actions", "parse_rate", "agreement", "verdict_agreement",
                          "agreement_by_type", "confusion", "injected_recall", "leakage_rate", "calls",
                          "prompt_tokens", "completion_tokens", "timings_s", "wall_s"])
