@@ -131,14 +131,14 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     })
 
     # 4: critic data, off and filter
-    from cast_rl.critique.datasets import build_critic_data
+    from cast_rl.critique.datasets import build_critic_data, served_prompt
 
     data_dirs = {}
     for mode, drop in (("off", set()), ("filter", checked - confirmed)):
         data_dirs[mode] = out / f"critic_data_{mode}"
         summary = build_critic_data(out / "labels.jsonl", out / "collect" / "trajectories.jsonl",
                                     data_dirs[mode], heldout_fraction=cfg.pipeline.critic_heldout_fraction,
-                                    seed=cfg.seed, drop_from_train=drop)
+                                    seed=cfg.seed, drop_from_train=drop, **served_prompt(cfg.critic))
         figures[f"train_examples_{mode}"] = summary["train"]["examples"]
         figures[f"train_invalid_{mode}"] = summary["train"]["invalid"]
         figures[f"heldout_examples_{mode}"] = summary["heldout"]["examples"]

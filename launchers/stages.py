@@ -358,6 +358,18 @@ def _critic_base(ctx: PipelineContext) -> Path:
     return warm
 
 
+def heldout_critic_configs(critic: Any, base: Path, trained: Path) -> dict[str, Any]:
+    """The critic configs of the held-out comparison's model critics: ``base`` (the untrained
+    model, prompted: it reads the instructions and the policy whatever ``critic.system_prompt``
+    says, which is for the trained critic) and ``trained``, served as ``critic`` serves it."""
+    return {
+        "base": dataclasses.replace(critic, backend="model", system_prompt=True,
+                                    model=dataclasses.replace(critic.model, path=str(base))),
+        "trained": dataclasses.replace(critic, backend="trained", model=dataclasses.replace(
+            critic.model, path=str(trained), make_tiny_if_missing=False)),
+    }
+
+
 def _heldout_critics(ctx: PipelineContext, out: Path, base: Path, trained: Path) -> dict[str, Any]:
     """The critics of ``pipeline.critic_heldout_eval`` on the held-out split, side by side
     (:mod:`cast_rl.eval.critic_heldout`); written to ``heldout_metrics.json``."""
@@ -365,11 +377,7 @@ def _heldout_critics(ctx: PipelineContext, out: Path, base: Path, trained: Path)
     tools = {ctx.data.spec.name: ctx.data.tools}
     data = ctx.stage_dir("critic_data") / "heldout.parquet"
     rows = read_requests(data)
-    models = {
-        "base": dataclasses.replace(cfg.critic, backend="model", model=dataclasses.replace(cfg.critic.model, path=str(base))),
-        "trained": dataclasses.replace(cfg.critic, backend="trained", model=dataclasses.replace(
-            cfg.critic.model, path=str(trained), make_tiny_if_missing=False)),
-    }
+    models = heldout_critic_configs(cfg.critic, base, trained)
 
     def starter(name: str) -> Any:
         async def start() -> tuple[Any, str]:

@@ -55,3 +55,15 @@ def test_a_moved_policy_loads_into_the_running_group_else_the_group_restarts_on_
     else:  # another model: the group is shut down and the next stage starts one on the moved policy
         assert first.shut
         assert ctx.rollout_group() is groups[1] and groups[1].cfg.policy.path == str(tmp_path / "moved")
+
+
+def test_the_heldout_comparison_prompts_the_base_model_with_its_instructions(tmp_path: Path) -> None:
+    """``critic.system_prompt=false`` is the trained critic's prompt; the untrained base model of the
+    held-out comparison is only prompted, so it keeps its instructions and the policy."""
+    from launchers.stages import heldout_critic_configs
+
+    cfg = load_config(None, [f"run_dir={tmp_path}", "critic.system_prompt=false", "critic.max_prompt_chars=600"])
+    critics = heldout_critic_configs(cfg.critic, tmp_path / "base", tmp_path / "trained")
+    assert (critics["base"].system_prompt, critics["trained"].system_prompt) == (True, False)
+    assert critics["base"].max_prompt_chars == critics["trained"].max_prompt_chars == 600
+    assert (critics["base"].model.path, critics["trained"].model.path) == (str(tmp_path / "base"), str(tmp_path / "trained"))

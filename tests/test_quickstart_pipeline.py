@@ -149,14 +149,15 @@ def test_quickstart_report_has_the_figures_the_readme_shows(quickstart: dict) ->
     # the CAST-Critic, trained from the warm-started policy (pipeline.critic_base=warmstart) on a
     # valid cancel beside each invalid one (critic_balance=per_action), measured on a held-out
     # split drawn the same way (a critic that flags every cancel fails here: the previous recipe,
-    # drawn at random, had false-positive rate 0.50 on this split).  Issue 23's targets are recall
-    # >= 0.90, unparsable <= 0.05 and false-positive rate <= 0.05; the last two hold, recall does
-    # not: the critic catches the cancels without a yes and not those with the wrong reason
-    # (recall 0.435 at false-positive rate 0 on a fresh clone, 2026-12-04; docs/quickstart.md).
-    # A critic that answers "valid" to everything still fails here.
+    # drawn at random, had false-positive rate 0.50 on this split).  Issue 23's targets: recall
+    # >= 0.90 at false-positive rate <= 0.05, unparsable <= 0.05.  Reading its instructions and the
+    # policy (critic.system_prompt=true), the critic caught the cancels without a yes and not those
+    # with the wrong reason (recall 0.435 at false-positive rate 0, 2026-12-04); the quickstart's
+    # critic reads the conversation's end alone (recall 1.0 at 0, 2026-12-06; docs/quickstart.md).
     trained = heldout["trained"]
-    assert trained["unparsable_rate"] <= 0.05 and trained["recall"] >= 0.30, trained
+    assert trained["unparsable_rate"] <= 0.05 and trained["recall"] >= 0.90, trained
     assert trained["false_positive_rate"] <= 0.05 and trained["contested_false_positive_rate"] <= 0.05, trained
+    assert trained["type_accuracy"] >= 0.90, trained
     assert result["stages"]["train_critic"]["examples"] > result["stages"]["critic_data"]["heldout"]["examples"]
     summary = Path(result["summary"]).read_text()
     assert "## Paired differences" in summary and "pass^4" in summary and "| CAST - RFT |" in summary

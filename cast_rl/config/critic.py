@@ -55,7 +55,18 @@ class CriticConfig:
     a model critic batches them in its engine."""
     max_prompt_chars: int = 24_000
     """For backend=model or trained: the transcript shown to the critic LLM keeps at most this many
-    characters (the oldest messages are dropped first; the policy is in its system prompt)."""
+    characters (the oldest messages are dropped first; the policy is in its system prompt, see
+    system_prompt)."""
+    system_prompt: bool = True
+    """For backend=model or trained: the critic reads its instructions and the policy (a system
+    message) before the conversation and the proposed action; False shows it the conversation and
+    the action alone, in its training data and when served.  For a critic trained on its labels,
+    which learns the policy and the answer format from them: on the quickstart the 0.8M-parameter
+    critic does not learn to compare a cancel's reason with the one its confirmation named behind
+    the ~800 tokens of instructions and policy (1,300-token prompts; held-out recall 0.435), and
+    learns it from the last 600 characters of the conversation alone (300 steps at 1e-3: recall
+    1.0 at false-positive rate 0; docs/quickstart.md, "The CAST-Critic").  Keep True for a critic
+    that is only prompted."""
     engine: str = "own"
     """For backend=model or trained: own (the critic-service actors serve the critic on engines of
     their own) or shared_with_policy (each rollout worker's policy engine serves the critic as a

@@ -81,15 +81,17 @@ class Example:
     trajectory_index: int
     message_index: int
 
-    def row(self, aliases: EntityAliases | None = None, max_prompt_chars: int = MAX_PROMPT_CHARS) -> dict[str, Any]:
+    def row(self, aliases: EntityAliases | None = None, max_prompt_chars: int = MAX_PROMPT_CHARS,
+            system_prompt: bool = True) -> dict[str, Any]:
         """The Parquet row; with ``aliases`` the prompt and the completion read the conversation's
         identifiers as aliases, as the served critic will (``request`` keeps them real); the
-        transcript is cut to ``max_prompt_chars`` (``critic.max_prompt_chars``) as the served
-        critic's is (:func:`~cast_rl.critique.prompt.critic_messages`)."""
+        transcript is cut to ``max_prompt_chars`` (``critic.max_prompt_chars``) and the system
+        message kept or left out (``critic.system_prompt``) as the served critic's are
+        (:func:`~cast_rl.critique.prompt.critic_messages`)."""
         view, table = aliased(self.request, aliases)
         completion = self.completion if aliases is None or table is None else aliases.to_policy(table, self.completion)
         return {
-            "prompt_messages": json.dumps(critic_messages(view, max_prompt_chars), ensure_ascii=False),
+            "prompt_messages": json.dumps(critic_messages(view, max_prompt_chars, system_prompt), ensure_ascii=False),
             "completion": completion,
             "verdict": self.verdict,
             "error_type": self.error_type,
@@ -204,11 +206,13 @@ def build_critic_data(
     per_action: bool = False,
     twins_of: DomainData | None = None,
     max_prompt_chars: int = MAX_PROMPT_CHARS,
+    system_prompt: bool = True,
 ) -> dict[str, Any]:
     """Write ``train.parquet`` and ``heldout.parquet``; returns counts for a summary.
 
-    ``aliases`` and ``max_prompt_chars``: the critic's ``critic.model.entity_aliases`` and
-    ``critic.max_prompt_chars`` (:meth:`Example.row`: the prompts read as the served critic's will);
+    ``aliases``, ``max_prompt_chars`` and ``system_prompt``: the critic's
+    ``critic.model.entity_aliases``, ``critic.max_prompt_chars`` and ``critic.system_prompt``
+    (:meth:`Example.row`: the prompts read as the served critic's will);
     ``per_action``: ``pipeline.critic_balance=per_action`` (:func:`balance`) for the training
     split; the held-out split is always drawn per action.
 
@@ -253,7 +257,7 @@ def build_critic_data(
         # mostly on replies and lookups
         kept = balance(rows, rng, valid_per_invalid if name == "train" else 1.0, per_action or name == "heldout")
         twins = _twins(twins_of, kept, trajectories, valid_answer) if name == "train" and twins_of else []
-        table = pa.Table.from_pylist([e.row(aliases, max_prompt_chars) for e in kept + twins], schema=_schema())
+        table = pa.Table.from_pylist([e.row(aliases, max_prompt_chars, system_prompt) for e in kept + twins], schema=_schema())
         pq.write_table(table, out / f"{name}.parquet")
         counts = Counter(e.verdict for e in kept + twins)
         summary[name] = {"examples": len(kept) + len(twins), "valid": counts["valid"], "invalid": counts["invalid"]}
@@ -267,8 +271,8 @@ def build_configured_critic_data(
     data: DomainData | None = None, drop_from_train: set[tuple[int, int]] | frozenset[tuple[int, int]] = frozenset(),
 ) -> dict[str, Any]:
     """:func:`build_critic_data` with the options a :class:`~cast_rl.config.Config` names
-    (``pipeline.critic_*``, ``seed``, and the served critic's ``critic.model.entity_aliases`` and
-    ``critic.max_prompt_chars``), so that stage critic_data and ``cast-rl critic build-data``
+    (``pipeline.critic_*``, ``seed``, and the served critic's ``critic.model.entity_aliases``,
+    ``critic.max_prompt_chars`` and ``critic.system_prompt``), so that stage critic_data and ``cast-rl critic build-data``
     write the same data, as the critic that ``cfg`` serves reads it.  ``data``: the labelled
     trajectories' domain data for ``pipeline.critic_twins`` (loaded from ``cfg`` when None)."""
     pipe = cfg.pipeline
@@ -276,14 +280,21 @@ def build_configured_critic_data(
         from cast_rl.envs.setup import load_env_data
 
         data = load_env_data(cfg)
-    patterns = cfg.critic.model.entity_aliases
     return build_critic_data(
         labels_path, trajectories_path, out_dir, heldout_fraction=pipe.critic_heldout_fraction, seed=cfg.seed,
         drop_from_train=drop_from_train, valid_answer=pipe.critic_valid_answer,
-        valid_per_invalid=pipe.critic_valid_per_invalid, aliases=EntityAliases(patterns) if patterns else None,
-        per_action=pipe.critic_balance == "per_action", twins_of=data if pipe.critic_twins else None,
-        max_prompt_chars=cfg.critic.max_prompt_chars,
+        valid_per_invalid=pipe.critic_valid_per_invalid, per_action=pipe.critic_balance == "per_action",
+        twins_of=data if pipe.critic_twins else None, **served_prompt(cfg.critic),
     )
+
+
+def served_prompt(critic: Any) -> dict[str, Any]:
+    """:func:`build_critic_data`'s prompt options for the critic ``critic`` (a
+    :class:`~cast_rl.config.critic.CriticConfig`) serves: its aliases, transcript length and
+    system message, so that a critic trained on the data reads at training what it reads served."""
+    patterns = critic.model.entity_aliases
+    return {"aliases": EntityAliases(patterns) if patterns else None, "max_prompt_chars": critic.max_prompt_chars,
+            "system_prompt": critic.system_prompt}
 
 
 def _twins(data: DomainData, kept: list[Example], trajectories: list[Trajectory], valid_answer: str) -> list[Example]:

@@ -84,11 +84,15 @@ MAX_PROMPT_CHARS = 24_000
 default): its training data, the served critic and the teacher cut to the same length."""
 
 
-def critic_messages(request: VerifyRequest, max_chars: int = MAX_PROMPT_CHARS) -> list[dict[str, str]]:
+def critic_messages(request: VerifyRequest, max_chars: int = MAX_PROMPT_CHARS,
+                    system_prompt: bool = True) -> list[dict[str, str]]:
     """OpenAI-style messages for the critic's chat template.
 
     System messages of the conversation are left out (the policy is in the critic's system
-    prompt); when the transcript exceeds ``max_chars`` the oldest messages are dropped.
+    prompt); when the transcript exceeds ``max_chars`` the oldest messages are dropped.  With
+    ``system_prompt=False`` (``critic.system_prompt``) the critic's own system message, its
+    instructions and the policy, is left out too: a trained critic reads the conversation and
+    the action alone.
     """
     lines = [
         render_message(i, m) for i, m in enumerate(request.messages) if m.get("role") != "system"
@@ -104,7 +108,7 @@ def critic_messages(request: VerifyRequest, max_chars: int = MAX_PROMPT_CHARS) -
     transcript = "\n".join(reversed(kept))
     if len(kept) < len(lines):
         transcript = "(earlier messages omitted)\n" + transcript
-    return [
-        {"role": "system", "content": CRITIC_SYSTEM.format(domain=request.domain, policy=request.policy)},
-        {"role": "user", "content": f"# Conversation\n{transcript}\n\n{action}"},
-    ]
+    user = {"role": "user", "content": f"# Conversation\n{transcript}\n\n{action}"}
+    if not system_prompt:
+        return [user]
+    return [{"role": "system", "content": CRITIC_SYSTEM.format(domain=request.domain, policy=request.policy)}, user]

@@ -60,7 +60,7 @@ def model_verifier(cfg: CriticConfig, engine: Any, adapter: str | None = None, o
     aliases = EntityAliases(cfg.model.entity_aliases) if cfg.model.entity_aliases else None
     return ModelVerifier(engine, critic_sampling(cfg, adapter=adapter), max_prompt_chars=cfg.max_prompt_chars,
                          name=cfg.model.path, owns_engine=owns_engine, min_invalid_prob=cfg.min_invalid_prob,
-                         aliases=aliases)
+                         aliases=aliases, system_prompt=cfg.system_prompt)
 
 
 def critic_sampling(cfg: CriticConfig, adapter: str | None = None) -> Sampling:

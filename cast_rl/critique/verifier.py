@@ -86,6 +86,7 @@ class ModelVerifier:
     def __init__(
         self, engine: Any, sampling: Any = None, max_prompt_chars: int = MAX_PROMPT_CHARS, name: str = "",
         owns_engine: bool = True, min_invalid_prob: float = 0.0, aliases: EntityAliases | None = None,
+        system_prompt: bool = True,
     ) -> None:
         self.engine = engine
         self.owns_engine = owns_engine
@@ -95,6 +96,8 @@ class ModelVerifier:
         self.max_prompt_chars = max_prompt_chars
         self.name = name or str(getattr(engine, "model_path", "model"))
         self.aliases = aliases
+        self.system_prompt = system_prompt
+        """``critic.system_prompt``: False shows the critic the conversation and the action alone."""
         self.min_invalid_prob = min_invalid_prob
         """``critic.min_invalid_prob``: an "invalid" below it is judged valid (:meth:`confident`)."""
         if min_invalid_prob > 0 and not (self.sampling.logprobs and getattr(engine, "tokenizer", None) is not None):
@@ -118,7 +121,7 @@ class ModelVerifier:
         max_chars = self.max_prompt_chars
         shown = None
         while True:
-            messages = critic_messages(request, max_chars)
+            messages = critic_messages(request, max_chars, self.system_prompt)
             if messages == shown:
                 raise ContextOverflow(f"the critic's prompt does not fit its context even with only the last "
                                       f"message of the conversation ({self.name})")

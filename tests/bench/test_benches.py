@@ -124,7 +124,8 @@ def test_critic_verdict_probe(tmp_path: Path) -> None:
     the tiny policy model on the verdict and two on the control label."""
     result = run_bench("critic_verdict_probe", "--without-quickstart", "--tasks", "12", "--trials", "1", "--steps", "2",
                        "--lrs", "3e-4", "--control-arg", "reason", "--out", str(tmp_path / "out"))
-    assert_keys(result, ["model", "data", "train_examples", "heldout_examples", "steps", "batch_size", "runs", "wall_s"])
+    assert_keys(result, ["model", "data", "train_examples", "heldout_examples", "steps", "batch_size",
+                         "before_verdict", "runs", "wall_s"])
     assert sorted(result["runs"]) == ["control@0.0003", "verdict@0.0003"]
     verdict = result["runs"]["verdict@0.0003"]
     assert [point["step"] for point in verdict["curve"]] == [0, 1, 2]
@@ -140,7 +141,7 @@ def test_critic_verdict_probe_groups_and_auc(monkeypatch: pytest.MonkeyPatch) ->
     """The probe's pure parts: an invalid example's group is its labeller's explanation, the AUC
     counts ties as half, the control label is the argument's most common value."""
     monkeypatch.syspath_prepend(str(REPO_ROOT))
-    from bench.critic_verdict_probe import auc, control_examples, group_of
+    from bench.critic_verdict_probe import answer_prefix, auc, control_examples, group_of
 
     row = {"verdict": "invalid", "error_type": "policy_violation",
            "completion": "VERDICT: invalid\nERROR: policy_violation\nEXPLANATION: no yes.\nFIX: ask."}
@@ -150,6 +151,12 @@ def test_critic_verdict_probe_groups_and_auc(monkeypatch: pytest.MonkeyPatch) ->
     assert auc([0.2, 0.3], [1, 1]) is None
     examples = [{"kwargs": {"reason": r}, "label": 0, "group": ""} for r in ("a", "b", "a")] + [{"kwargs": {}}]
     assert [e["label"] for e in control_examples(examples, "reason")] == [1, 0, 1]
+    # --before-verdict: the transcript's last agent line quoted, then the proposed action again
+    prompt = [{"role": "user", "content": '# Conversation\n[1] user: Cancel [order_1].\n[2] assistant: Reason?\n'
+               'Say "a" or "b".\n[3] user: a\n\n# Proposed action (message 4)\ncall cancel({"reason": "b"})'}]
+    assert answer_prefix(prompt, "nothing") == ""
+    assert answer_prefix(prompt, "evidence") == 'EVIDENCE: 2 "Reason?\\nSay \\"a\\" or \\"b\\"."\n'
+    assert answer_prefix(prompt, "evidence-call") == answer_prefix(prompt, "evidence") + 'ACTION: call cancel({"reason": "b"})\n'
 
 
 # ---------------------------------------------------------------- slow: a vLLM engine each (minutes)

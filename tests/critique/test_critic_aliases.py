@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 import pyarrow.parquet as pq
+import pytest
 
 from cast_rl.config import load_config
 from cast_rl.critique.datasets import Example, build_critic_data
@@ -159,11 +160,13 @@ def test_the_heldout_split_draws_valid_examples_per_action_whatever_the_training
     assert len(valid) == len(invalid) >= 8 and set(valid) == {"cancel_pending_order"}
 
 
-def test_cli_build_data_writes_the_prompt_the_served_critic_reads(tmp_path, capsys) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("system_prompt", [True, False])
+def test_cli_build_data_writes_the_prompt_the_served_critic_reads(tmp_path, capsys, system_prompt: bool) -> None:  # noqa: ANN001
     """``cast-rl critic build-data`` writes its prompts as the served critic of the same config
-    asks: aliased (``critic.model.entity_aliases``) and cut to ``critic.max_prompt_chars`` (the
-    oldest messages first).  Written with the defaults instead, a critic trained on them would read
-    real ids and a whole transcript it is never shown when served."""
+    asks: aliased (``critic.model.entity_aliases``), cut to ``critic.max_prompt_chars`` (the
+    oldest messages first) and with or without the critic's instructions and the policy
+    (``critic.system_prompt``).  Written with the defaults instead, a critic trained on them would
+    read real ids and a whole transcript it is never shown when served."""
     from cast_rl.cli import main
 
     messages = [*MESSAGES, {"role": "assistant", "content": "", "tool_calls": [
@@ -177,7 +180,8 @@ def test_cli_build_data_writes_the_prompt_the_served_critic_reads(tmp_path, caps
                            "explanation": "#W1234567 is cancelled without an explicit yes.", "suggested_fix": ""}}
     (tmp_path / "l.jsonl").write_text(json.dumps(label) + "\n")
     overrides = ["critic.backend=model", f"critic.model.entity_aliases={json.dumps(PATTERNS)}",
-                 "critic.max_prompt_chars=150", "pipeline.critic_heldout_fraction=0.0"]
+                 "critic.max_prompt_chars=150", "pipeline.critic_heldout_fraction=0.0",
+                 f"critic.system_prompt={str(system_prompt).lower()}"]
     assert main(["critic", "build-data", *overrides, "--labels", str(tmp_path / "l.jsonl"),
                  "--trajectories", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "data")]) == 0
     capsys.readouterr()
@@ -188,6 +192,10 @@ def test_cli_build_data_writes_the_prompt_the_served_critic_reads(tmp_path, caps
     assert json.loads(row["prompt_messages"]) == engine.prompts[0]
     shown = engine.prompts[0][-1]["content"]
     assert "(earlier messages omitted)" in shown and "[order_1]" in shown and "#W1234567" not in shown
+    roles = [m["role"] for m in engine.prompts[0]]
+    policy = "Policy: confirm before cancelling." in json.dumps(engine.prompts[0])
+    assert (roles, policy) == ((["system", "user"], True) if system_prompt else (["user"], False))
+    assert shown.endswith('call cancel_pending_order({"order_id": "[order_1]", "reason": "no longer needed"})')
 
 
 def test_the_served_critics_default_transcript_is_its_training_datas() -> None:
@@ -197,3 +205,17 @@ def test_the_served_critics_default_transcript_is_its_training_datas() -> None:
     from cast_rl.critique.prompt import MAX_PROMPT_CHARS
 
     assert CriticConfig().max_prompt_chars == TeacherConfig().max_prompt_chars == MAX_PROMPT_CHARS
+
+
+def test_served_prompt_gives_the_data_builder_what_the_critic_reads_served(tmp_path) -> None:  # noqa: ANN001
+    """The benches that build critic data themselves (blame_filter, critic_smollm2, the verdict
+    probe) write it as the critic they serve reads it, through ``served_prompt``."""
+    from cast_rl.critique.datasets import served_prompt
+
+    cfg = load_config(None, [f"critic.model.entity_aliases={json.dumps(PATTERNS)}", "critic.max_prompt_chars=600",
+                             "critic.system_prompt=false"])
+    options = served_prompt(cfg.critic)
+    assert (options["max_prompt_chars"], options["system_prompt"]) == (600, False)
+    assert options["aliases"].apply(MESSAGES)[0][1]["content"] == "Cancel [order_1] please, I am [email_1]."
+    assert served_prompt(load_config(None, []).critic) == {"aliases": None, "max_prompt_chars": 24_000,
+                                                         "system_prompt": True}
