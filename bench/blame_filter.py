@@ -131,7 +131,8 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     })
 
     # 4: critic data, off and filter
-    from cast_rl.critique.datasets import build_critic_data, served_prompt
+    from cast_rl.critique.datasets import build_critic_data
+    from cast_rl.critique.prompt import served_prompt
 
     data_dirs = {}
     for mode, drop in (("off", set()), ("filter", checked - confirmed)):

@@ -200,7 +200,8 @@ def _config(args: argparse.Namespace, out: Path, model: Path) -> Any:
 def _build_data(cfg: Any, data: Any, args: argparse.Namespace, out: Path) -> Path:
     """Noisy-teacher episodes, labels and critic data (``bench/blame_filter.py --without-quickstart``)."""
     from bench.blame_filter import _teacher_label_blame
-    from cast_rl.critique.datasets import build_critic_data, served_prompt
+    from cast_rl.critique.datasets import build_critic_data
+    from cast_rl.critique.prompt import served_prompt
     from cast_rl.models.setup import ensure_policy_model
 
     ensure_policy_model(cfg, data)  # the tiny policy's tokenizer is the teacher's

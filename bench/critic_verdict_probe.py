@@ -125,7 +125,8 @@ def _inputs(args: argparse.Namespace, out: Path) -> tuple[Path, Path]:
 
     from bench.blame_filter import _teacher_label_blame
     from cast_rl.config import load_config
-    from cast_rl.critique.datasets import build_critic_data, served_prompt
+    from cast_rl.critique.datasets import build_critic_data
+    from cast_rl.critique.prompt import served_prompt
     from cast_rl.envs.setup import load_env_data
     from cast_rl.models.setup import ensure_policy_model
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cast_rl.critique.context import iter_actions
-from cast_rl.critique.prompt import MAX_PROMPT_CHARS, aliased, critic_messages
+from cast_rl.critique.prompt import MAX_PROMPT_CHARS, aliased, critic_messages, served_prompt
 from cast_rl.critique.rationale import Rationale, format_critique
 from cast_rl.critique.twins import twin_labels
 from cast_rl.critique.verifier import VerifyRequest
@@ -286,15 +286,6 @@ def build_configured_critic_data(
         valid_per_invalid=pipe.critic_valid_per_invalid, per_action=pipe.critic_balance == "per_action",
         twins_of=data if pipe.critic_twins else None, **served_prompt(cfg.critic),
     )
-
-
-def served_prompt(critic: Any) -> dict[str, Any]:
-    """:func:`build_critic_data`'s prompt options for the critic ``critic`` (a
-    :class:`~cast_rl.config.critic.CriticConfig`) serves: its aliases, transcript length and
-    system message, so that a critic trained on the data reads at training what it reads served."""
-    patterns = critic.model.entity_aliases
-    return {"aliases": EntityAliases(patterns) if patterns else None, "max_prompt_chars": critic.max_prompt_chars,
-            "system_prompt": critic.system_prompt}
 
 
 def _twins(data: DomainData, kept: list[Example], trajectories: list[Trajectory], valid_answer: str) -> list[Example]:

@@ -112,3 +112,14 @@ def critic_messages(request: VerifyRequest, max_chars: int = MAX_PROMPT_CHARS,
     if not system_prompt:
         return [user]
     return [{"role": "system", "content": CRITIC_SYSTEM.format(domain=request.domain, policy=request.policy)}, user]
+
+
+def served_prompt(critic: Any) -> dict[str, Any]:
+    """The prompt options of the critic ``critic`` (a :class:`~cast_rl.config.critic.CriticConfig`)
+    describes: ``aliases``, ``max_prompt_chars`` and ``system_prompt``, as
+    :class:`~cast_rl.critique.verifier.ModelVerifier` and
+    :func:`~cast_rl.critique.datasets.build_critic_data` take them, so that a critic trained on the
+    data reads in training what it reads served."""
+    patterns = critic.model.entity_aliases
+    return {"aliases": EntityAliases(patterns) if patterns else None, "max_prompt_chars": critic.max_prompt_chars,
+            "system_prompt": critic.system_prompt}

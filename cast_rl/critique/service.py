@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from cast_rl.config.schema import CriticConfig
+from cast_rl.critique.prompt import served_prompt
 from cast_rl.critique.rationale import CRITIQUE_REGEX
 from cast_rl.critique.verifier import Critique, ModelVerifier, RuleVerifier, Verifier, VerifyRequest
 from cast_rl.inference import build_engine
 from cast_rl.inference.base import Sampling
-from cast_rl.models.aliases import EntityAliases
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +57,8 @@ def _model(cfg: CriticConfig, tools: dict[str, list[dict[str, Any]]] | None, eng
 def model_verifier(cfg: CriticConfig, engine: Any, adapter: str | None = None, owns_engine: bool = True) -> ModelVerifier:
     """The model critic ``cfg`` describes over ``engine`` (``adapter``: the engine's LoRA adapter
     that serves it; ``owns_engine=False``: closing the critic leaves the engine running)."""
-    aliases = EntityAliases(cfg.model.entity_aliases) if cfg.model.entity_aliases else None
-    return ModelVerifier(engine, critic_sampling(cfg, adapter=adapter), max_prompt_chars=cfg.max_prompt_chars,
-                         name=cfg.model.path, owns_engine=owns_engine, min_invalid_prob=cfg.min_invalid_prob,
-                         aliases=aliases, system_prompt=cfg.system_prompt)
+    return ModelVerifier(engine, critic_sampling(cfg, adapter=adapter), name=cfg.model.path, owns_engine=owns_engine,
+                         min_invalid_prob=cfg.min_invalid_prob, **served_prompt(cfg))
 
 
 def critic_sampling(cfg: CriticConfig, adapter: str | None = None) -> Sampling:

@@ -208,9 +208,10 @@ def test_the_served_critics_default_transcript_is_its_training_datas() -> None:
 
 
 def test_served_prompt_gives_the_data_builder_what_the_critic_reads_served(tmp_path) -> None:  # noqa: ANN001
-    """The benches that build critic data themselves (blame_filter, critic_smollm2, the verdict
-    probe) write it as the critic they serve reads it, through ``served_prompt``."""
-    from cast_rl.critique.datasets import served_prompt
+    """The served critic and the data builders (the pipeline's, and the benches that build
+    critic data themselves: blame_filter, critic_smollm2, the verdict probe) take their prompt
+    options from ``served_prompt``."""
+    from cast_rl.critique.prompt import served_prompt
 
     cfg = load_config(None, [f"critic.model.entity_aliases={json.dumps(PATTERNS)}", "critic.max_prompt_chars=600",
                              "critic.system_prompt=false"])
