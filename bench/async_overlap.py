@@ -531,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         f"algorithm.steps={args.steps}", f"algorithm.tasks_per_step={args.tasks_per_step}",
         "algorithm.samples=[outcome_groups]", "algorithm.filter_zero_variance_groups=false",
         "algorithm.max_collections_per_step=1", "critic.verification_budget=1",
+        "critic.backend=rule",  # the quickstart's is trained, by its pipeline; here the rule critic runs in-process
         f"rollout.trials_per_task={args.trials}", f"env.max_steps={args.max_steps}", "env.split=train",
         "env.task_indices=[]", f"inference.max_new_tokens={args.max_new_tokens}",
         "replay.max_staleness=1", "replay.stale_policy=drop",

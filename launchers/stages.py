@@ -26,11 +26,17 @@ from typing import Any
 
 from tqdm import tqdm
 
-from actors.critic_service import CriticServiceClient, critic_client, private_critic_actor
+from actors.critic_service import (
+    CriticServiceClient,
+    critic_actor,
+    critic_client,
+    private_critic_actor,
+)
 from actors.learner import LearnerGroup
 from actors.teacher_service import rewrite_with_service
 from actors.verifier_service import label_with_service
 from cast_rl.config import to_dict
+from cast_rl.config.schema import CriticConfig
 from cast_rl.critique.blame import blame_metrics, confirmed_keys, count_failed, write_blame
 from cast_rl.critique.datasets import build_configured_critic_data, read_requests
 from cast_rl.critique.labeller import label_file, read_for_labelling, write_labels
@@ -50,6 +56,7 @@ from cast_rl.learner.sample import Sample
 from cast_rl.learner.schedule import phase_steps
 from cast_rl.models.setup import ensure_model, training_corpus
 from cast_rl.pipeline.context import (
+    SERVING_STAGES,
     PipelineContext,
     resolve_critic,
     trained_critic_path,
@@ -370,6 +377,42 @@ def heldout_critic_configs(critic: Any, base: Path, trained: Path) -> dict[str, 
     }
 
 
+def _serves_later(ctx: PipelineContext) -> bool:
+    """Whether a later stage of this run serves the trained critic (``critic.backend=trained``
+    and a stage with the critic in the loop after train_critic)."""
+    stages = ctx.cfg.pipeline.stages
+    later = stages[stages.index("train_critic") + 1:] if "train_critic" in stages else []
+    return ctx.cfg.critic.backend == "trained" and any(s in later for s in SERVING_STAGES)
+
+
+def _same_service(a: CriticConfig, b: CriticConfig) -> bool:
+    """Whether two critic configs build the same critic service (the budget is the rollouts')."""
+    return dataclasses.replace(a, verification_budget=0) == dataclasses.replace(b, verification_budget=0)
+
+
+def _served_critic_starter(ctx: PipelineContext, critic: CriticConfig) -> Callable[[], Any]:
+    """The held-out evaluation's trained critic served by the run's own critic actor (slot 0):
+    the rollout workers of the later stages join it (:func:`actors.critic_service.critic_actor`)
+    instead of starting another engine, so it is left running (a client without ``close``)."""
+
+    async def start() -> tuple[Any, str]:
+        logger.info("held-out critic trained: served by the run's critic actor, kept for the later stages")
+        handle = critic_actor(dataclasses.replace(ctx.cfg, critic=critic), 0)
+        ctx.keep(handle)
+        await handle.ready.remote()  # the engine is up
+        client = CriticServiceClient([handle], max_retries=0, timeout_s=critic.timeout_s)
+        return _Unclosed(client), critic.model.path
+
+    return start
+
+
+class _Unclosed:
+    """A verifier whose owner does not close it (its critic actor outlives the caller)."""
+
+    def __init__(self, verifier: Any) -> None:
+        self.verify = verifier.verify
+
+
 def _heldout_critics(ctx: PipelineContext, out: Path, base: Path, trained: Path) -> dict[str, Any]:
     """The critics of ``pipeline.critic_heldout_eval`` on the held-out split, side by side
     (:mod:`cast_rl.eval.critic_heldout`); written to ``heldout_metrics.json``."""
@@ -391,6 +434,9 @@ def _heldout_critics(ctx: PipelineContext, out: Path, base: Path, trained: Path)
         return start
 
     critics = {name: starter(name) for name in cfg.pipeline.critic_heldout_eval}
+    served = ctx.critic_config()
+    if "trained" in critics and _serves_later(ctx) and _same_service(served, models["trained"]):
+        critics["trained"] = _served_critic_starter(ctx, served)
     results = asyncio.run(compare_critics(critics, rows, tools)) if rows else {}
     if not rows:
         logger.warning("held-out critic evaluation skipped: %s has no examples", data)

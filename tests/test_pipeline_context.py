@@ -67,3 +67,30 @@ def test_the_heldout_comparison_prompts_the_base_model_with_its_instructions(tmp
     assert (critics["base"].system_prompt, critics["trained"].system_prompt) == (True, False)
     assert critics["base"].max_prompt_chars == critics["trained"].max_prompt_chars == 600
     assert (critics["base"].model.path, critics["trained"].model.path) == (str(tmp_path / "base"), str(tmp_path / "trained"))
+
+
+@pytest.mark.parametrize(("backend", "stages", "kept"), [
+    ("trained", "[warmstart,train_critic,eval_critic,collect_with_critic]", True),
+    ("trained", "[warmstart,eval_before,train_critic]", False),  # nothing serves it after
+    ("rule", "[warmstart,train_critic,collect_with_critic]", False),  # the rule critic serves
+])
+def test_the_heldout_trained_critic_is_the_service_later_stages_join(tmp_path: Path, backend: str, stages: str,
+                                                                     kept: bool) -> None:
+    """Stage train_critic measures its critic on the held-out split with the very service the
+    later stages serve (the run's named critic actor, which the rollout workers join) when a
+    later stage serves it, instead of starting an engine for the measurement and another for the
+    loop; the two configs must then build the same service."""
+    from launchers.stages import _same_service, _serves_later, heldout_critic_configs
+
+    cfg = load_config(None, [f"run_dir={tmp_path}", f"critic.backend={backend}", f"pipeline.stages={stages}",
+                             "pipeline.critic_base=model", "pipeline.critic_train_steps=1", "critic.system_prompt=false",
+                             "critic.verification_budget=1"])
+    trained = tmp_path / "05_train_critic" / "model"
+    trained.mkdir(parents=True)
+    (trained / "config.json").write_text("{}")
+    ctx = PipelineContext(cfg, None, make_group=lambda c: _Group(c, True))  # type: ignore[arg-type]
+    assert _serves_later(ctx) is kept
+    heldout = heldout_critic_configs(cfg.critic, tmp_path / "base", trained)["trained"]
+    assert _same_service(ctx.critic_config(), heldout) is (backend == "trained")
+    assert not _same_service(ctx.critic_config(), heldout_critic_configs(cfg.critic, tmp_path / "base",
+                                                                         tmp_path / "elsewhere")["trained"])

@@ -99,10 +99,15 @@ def resolve_critic(cfg: CastConfig) -> CriticConfig:
     return dataclasses.replace(critic, model=model)
 
 
+SERVING_STAGES = ("eval_critic", "collect_with_critic", "optimise", "eval_after")
+"""The stages that run episodes with :func:`resolve_critic`'s critic in the loop (with
+``critic.backend=trained``: the critic stage train_critic trained)."""
+
+
 def check_trained_critic(cfg: CastConfig) -> None:
     """With ``critic.backend=trained``, a stage that serves the critic needs stage train_critic to
     run first or to have run (else it would quietly get the rule critic): raise ConfigError."""
-    serving = [s for s in ("eval_critic", "collect_with_critic", "optimise", "eval_after") if s in cfg.pipeline.stages]
+    serving = [s for s in SERVING_STAGES if s in cfg.pipeline.stages]
     if (cfg.critic.backend != "trained" or not serving or "train_critic" in cfg.pipeline.stages
             or (trained_critic_path(cfg) / "config.json").exists()):
         return
@@ -158,6 +163,7 @@ class PipelineContext:
         """The policy the next stage starts from (the warm-start and optimise stages move it)."""
         self.policy_version = 0
         self._group: StageGroup | None = None
+        self._kept: list[Any] = []
         self.group_name = cfg.logging.group or self.root.name
         check_trained_critic(cfg)
         check_critic_base(cfg)
@@ -265,5 +271,12 @@ class PipelineContext:
             self._group.shutdown()
             self._group = None
 
+    def keep(self, handle: Any) -> None:
+        """Hold a Ray actor handle until the run ends: an actor a stage starts for later stages
+        (the trained critic's service, which the rollout workers join by name) lives as long as
+        a handle to it does."""
+        self._kept.append(handle)
+
     def close(self) -> None:
         self.release_rollout_group()
+        self._kept.clear()
