@@ -390,22 +390,6 @@ def _same_service(a: CriticConfig, b: CriticConfig) -> bool:
     return dataclasses.replace(a, verification_budget=0) == dataclasses.replace(b, verification_budget=0)
 
 
-def _served_critic_starter(ctx: PipelineContext, critic: CriticConfig) -> Callable[[], Any]:
-    """The held-out evaluation's trained critic served by the run's own critic actor (slot 0):
-    the rollout workers of the later stages join it (:func:`actors.critic_service.critic_actor`)
-    instead of starting another engine, so it is left running (a client without ``close``)."""
-
-    async def start() -> tuple[Any, str]:
-        logger.info("held-out critic trained: served by the run's critic actor, kept for the later stages")
-        handle = critic_actor(dataclasses.replace(ctx.cfg, critic=critic), 0)
-        ctx.keep(handle)
-        await handle.ready.remote()  # the engine is up
-        client = CriticServiceClient([handle], max_retries=0, timeout_s=critic.timeout_s)
-        return _Unclosed(client), critic.model.path
-
-    return start
-
-
 class _Unclosed:
     """A verifier whose owner does not close it (its critic actor outlives the caller)."""
 
@@ -421,22 +405,29 @@ def _heldout_critics(ctx: PipelineContext, out: Path, base: Path, trained: Path)
     data = ctx.stage_dir("critic_data") / "heldout.parquet"
     rows = read_requests(data)
     models = heldout_critic_configs(cfg.critic, base, trained)
+    # the trained critic a later stage serves is measured on the run's own critic actor (slot 0),
+    # which the rollout workers then join by name instead of starting another engine
+    served = ctx.critic_config()
+    kept = _serves_later(ctx) and _same_service(served, models["trained"])
 
     def starter(name: str) -> Any:
         async def start() -> tuple[Any, str]:
             if name == "rule":
                 return RuleVerifier(tools), "rule"
             critic = models[name]
-            handle = private_critic_actor(critic)
+            keep = name == "trained" and kept
+            if keep:
+                logger.info("held-out critic trained: served by the run's critic actor, kept for the later stages")
+                handle = critic_actor(dataclasses.replace(cfg, critic=served), 0)
+                ctx.keep(handle)
+            else:
+                handle = private_critic_actor(critic)
             await handle.ready.remote()  # the engine is up
             client = CriticServiceClient([handle], max_retries=0, timeout_s=critic.timeout_s)
-            return client, critic.model.path
+            return (_Unclosed(client) if keep else client), critic.model.path
         return start
 
     critics = {name: starter(name) for name in cfg.pipeline.critic_heldout_eval}
-    served = ctx.critic_config()
-    if "trained" in critics and _serves_later(ctx) and _same_service(served, models["trained"]):
-        critics["trained"] = _served_critic_starter(ctx, served)
     results = asyncio.run(compare_critics(critics, rows, tools)) if rows else {}
     if not rows:
         logger.warning("held-out critic evaluation skipped: %s has no examples", data)
