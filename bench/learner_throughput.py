@@ -5,11 +5,12 @@ Run (from the repo root)::
     .venv/bin/python bench/learner_throughput.py [--workers 2] [--hidden 256] [--layers 4]
         [--batches 6] [--batch-size 16] [--micro-batch-size 4] [--min-len 64] [--max-len 128]
         [--sync-reps 3] [--logits-batches 4] [--logits-batch-size N] [--logits-threads 2]
+        [--critic-batches 6]
 
     # smoke test (tests/bench): the JSON keys, not the figures
     .venv/bin/python bench/learner_throughput.py --workers 1 --hidden 64 --layers 1 --batches 2 \
         --batch-size 2 --micro-batch-size 2 --min-len 16 --max-len 32 --sync-reps 1 \
-        --logits-batches 2 --logits-batch-size 1
+        --logits-batches 2 --logits-batch-size 1 --critic-batches 2
 
 Measured on the same randomly generated batches (a small offline Qwen3 built on the spot):
 
@@ -28,6 +29,11 @@ Measured on the same randomly generated batches (a small offline Qwen3 built on 
   conversations (``--logits-batch-size``, default the quickstart's batch) of ~1.6k tokens per step of which ~16% are the policy's turns (the loss), in
   the quickstart's micro-batches, ``--logits-threads`` torch threads.  Steps alternate between the two
   engines (same batches, same order), and the first step of each is a warm-up.
+* ``critic_packing_speedup``: tokens/s of the same rank training the quickstart's critic
+  (``pipeline.critic_micro_batch_size`` examples per pass within
+  ``learner.max_tokens_per_micro_batch`` padded tokens) divided by one example per pass, on
+  critic-shaped batches: 16 examples of 200-580 tokens (the conversation's end and the proposed
+  action) whose loss is the answer's last 5-150 tokens.  Steps alternate as above.
 
 The last line of stdout is one JSON object with the numbers.
 """
@@ -41,6 +47,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -87,37 +94,83 @@ def conversation_batches(n: int, size: int, vocab: int, seed: int = 0) -> list:
     return batches
 
 
-def logits_speedup(batches_n: int, threads: int, batch_size: int | None = None) -> dict[str, float]:
-    """(tokens/s with learner.logits=all, with loss_tokens, loss-token share) on the
-    quickstart's model and conversation shapes (module doc)."""
+def critic_batches(n: int, size: int, vocab: int, seed: int = 0) -> list:
+    """Batches shaped like the quickstart's critic data: 200-580 tokens (the conversation's last
+    600 characters and the proposed action) with the loss on the answer's last 5-150 tokens."""
+    from cast_rl.learner.sample import Sample
+
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for b in range(n):
+        batch = []
+        for i in range(size):
+            length = int(torch.randint(200, 581, (1,), generator=g))
+            answer = int(torch.randint(5, 151, (1,), generator=g))
+            ids = torch.randint(3, vocab, (length,), generator=g).tolist()
+            batch.append(Sample(f"k{b}-{i}", "supervised", ids, [0] * (length - answer) + [1] * answer, [0.0] * length))
+        batches.append(batch)
+    return batches
+
+
+def quickstart_engines(threads: int, variants: dict[str, list[str]]) -> tuple[dict, Any]:
+    """One in-process learner rank per variant (overrides of configs/quickstart.yaml) on the
+    quickstart's policy model, and the quickstart's config."""
     from cast_rl.config import load_config
     from cast_rl.envs.setup import load_env_data
     from cast_rl.learner.engine import LearnerEngine
     from cast_rl.models.setup import ensure_policy_model
 
     torch.set_num_threads(threads)
-    tmp = Path(tempfile.mkdtemp(prefix="logits-bench-"))
+    tmp = Path(tempfile.mkdtemp(prefix="quickstart-learner-bench-"))
     base = load_config(REPO / "configs" / "quickstart.yaml",
                        [f"run_dir={tmp}", f"policy.path={tmp / 'policy'}", "logging.mode=disabled"])
     model_dir = ensure_policy_model(base, load_env_data(base))
-    engines = {mode: LearnerEngine(load_config(REPO / "configs" / "quickstart.yaml", [
-        f"run_dir={tmp}", f"policy.path={model_dir}", "logging.mode=disabled", f"learner.logits={mode}",
-        "learner.checkpoint_every=null"])) for mode in ("all", "loss_tokens")}
-    vocab = engines["all"].model.config.vocab_size
-    batches = conversation_batches(batches_n, batch_size or base.learner.global_batch_size, vocab)
-    seconds = {mode: 0.0 for mode in engines}
+    engines = {name: LearnerEngine(load_config(REPO / "configs" / "quickstart.yaml", [
+        f"run_dir={tmp}", f"policy.path={model_dir}", "logging.mode=disabled", "learner.checkpoint_every=null",
+        *overrides])) for name, overrides in variants.items()}
+    return engines, base
+
+
+def alternating_tokens_per_s(engines: dict, batches: list) -> dict[str, float]:
+    """Tokens/s of each engine over the same batches, steps alternating between the engines
+    (their order flipped every batch); the first batch is a warm-up."""
+    seconds = {name: 0.0 for name in engines}
     timed_tokens = 0
     for i, batch in enumerate(batches):
-        for mode in (("all", "loss_tokens") if i % 2 else ("loss_tokens", "all")):
+        for name in (list(engines) if i % 2 else list(engines)[::-1]):
             t0 = time.perf_counter()
-            engines[mode].train_step(batch)
+            engines[name].train_step(batch)
             if i:
-                seconds[mode] += time.perf_counter() - t0
+                seconds[name] += time.perf_counter() - t0
         if i:
             timed_tokens += sum(len(s.token_ids) for s in batch)
+    return {name: timed_tokens / s for name, s in seconds.items()}
+
+
+def logits_speedup(batches_n: int, threads: int, batch_size: int | None = None) -> dict[str, float]:
+    """(tokens/s with learner.logits=all, with loss_tokens, loss-token share) on the
+    quickstart's model and conversation shapes (module doc)."""
+    engines, base = quickstart_engines(threads, {mode: [f"learner.logits={mode}"] for mode in ("all", "loss_tokens")})
+    vocab = engines["all"].model.config.vocab_size
+    batches = conversation_batches(batches_n, batch_size or base.learner.global_batch_size, vocab)
     share = sum(s.num_loss_tokens for b in batches for s in b) / sum(len(s.token_ids) for b in batches for s in b)
-    return {"all": timed_tokens / seconds["all"], "loss_tokens": timed_tokens / seconds["loss_tokens"],
-            "share": share, "vocab": vocab}
+    return {**alternating_tokens_per_s(engines, batches), "share": share, "vocab": vocab}
+
+
+def critic_packing_speedup(batches_n: int, threads: int) -> dict[str, float]:
+    """(tokens/s at one critic example per pass, at the quickstart's critic micro-batch) on the
+    quickstart's model and critic shapes (module doc)."""
+    from cast_rl.config import load_config
+
+    qs = load_config(REPO / "configs" / "quickstart.yaml", [])
+    packed = qs.learner.with_micro_batch(qs.pipeline.critic_micro_batch_size or qs.learner.micro_batch_size)
+    engines, base = quickstart_engines(threads, {
+        "one": ["learner.micro_batch_size=1"],
+        "packed": [f"learner.micro_batch_size={packed.micro_batch_size}"],
+    })
+    batches = critic_batches(batches_n, base.learner.global_batch_size, engines["one"].model.config.vocab_size)
+    return {**alternating_tokens_per_s(engines, batches), "micro_batch_size": packed.micro_batch_size,
+            "max_tokens": packed.max_tokens_per_micro_batch}
 
 
 def plain_loop(model_dir: Path, batches: list, micro: int, lr: float) -> float:
@@ -163,13 +216,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--logits-batch-size", type=int, default=None,
                    help="conversations per step (default: the quickstart's learner.global_batch_size)")
     p.add_argument("--logits-threads", type=int, default=2)
+    p.add_argument("--critic-batches", type=int, default=6, help="critic-shaped steps per engine, the first a warm-up")
     args = p.parse_args(argv)
-    if args.batches < 2 or args.logits_batches < 2:
-        p.error("--batches and --logits-batches must be >= 2 (the first batch is a warm-up)")
+    if args.batches < 2 or args.logits_batches < 2 or args.critic_batches < 2:
+        p.error("--batches, --logits-batches and --critic-batches must be >= 2 (the first batch is a warm-up)")
 
     logits = logits_speedup(args.logits_batches, args.logits_threads, args.logits_batch_size)
     print(f"quickstart shapes (vocab {logits['vocab']}, loss on {logits['share']:.0%} of tokens): "
           f"learner.logits=all {logits['all']:,.0f} tokens/s, loss_tokens {logits['loss_tokens']:,.0f} tokens/s")
+    packing = critic_packing_speedup(args.critic_batches, args.logits_threads)
+    print(f"quickstart critic shapes: one example per pass {packing['one']:,.0f} tokens/s, up to "
+          f"{packing['micro_batch_size']} per pass within {packing['max_tokens']} tokens {packing['packed']:,.0f} tokens/s")
 
     import ray
 
@@ -243,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         "loss_token_logits_speedup": round(logits["loss_tokens"] / logits["all"], 3),
         "loss_tokens_tokens_per_s": round(logits["loss_tokens"], 1),
         "all_logits_tokens_per_s": round(logits["all"], 1),
+        "critic_packing_speedup": round(packing["packed"] / packing["one"], 3),
+        "critic_packed_tokens_per_s": round(packing["packed"], 1),
+        "critic_one_per_pass_tokens_per_s": round(packing["one"], 1),
         "fsdp_vs_plain_loop": round(fsdp_tps / plain_tps, 3),
         "sync_vs_memcpy": round(sync / mem, 1),
         "fsdp_tokens_per_s": round(fsdp_tps, 1),

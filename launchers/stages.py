@@ -93,10 +93,15 @@ def _supervised(trajs: list[Trajectory], tag: str, every_token: bool = False) ->
     ]
 
 
-def _learner(ctx: PipelineContext, lr: float, model_path: Path | None = None) -> Any:
+def _learner(ctx: PipelineContext, lr: float, model_path: Path | None = None, micro_batch_size: int | None = None) -> Any:
+    """A learner group on ``model_path`` (default: the current policy) at ``lr``; with
+    ``micro_batch_size``, up to that many sequences per pass (``LearnerConfig.with_micro_batch``)."""
     cfg = ctx.with_policy()
     policy = dataclasses.replace(cfg.policy, path=str(model_path or ctx.policy_path))
-    return LearnerGroup(dataclasses.replace(cfg, policy=policy, learner=dataclasses.replace(cfg.learner, lr=lr)))
+    learner = dataclasses.replace(cfg.learner, lr=lr)
+    if micro_batch_size is not None:
+        learner = learner.with_micro_batch(micro_batch_size)
+    return LearnerGroup(dataclasses.replace(cfg, policy=policy, learner=learner))
 
 
 def _collect(ctx: PipelineContext, out: Path, budget: int,
@@ -336,7 +341,7 @@ def train_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
                                       mark_verdict=True)
     batch = cfg.learner.global_batch_size
     steps = phase_steps(pipe.critic_train_steps, pipe.critic_epochs, len(samples), batch)
-    learner = _learner(ctx, pipe.critic_lr, model_path=base)
+    learner = _learner(ctx, pipe.critic_lr, model_path=base, micro_batch_size=pipe.critic_micro_batch_size)
     with _metrics(ctx, "train_critic") as log:
         try:
             losses = train_supervised(learner, samples, steps, batch, log, "critic", cfg.learner.seed,

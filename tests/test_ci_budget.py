@@ -63,3 +63,29 @@ def test_a_test_with_its_own_reserve_is_skipped_where_the_usual_reserve_would_st
     out = _run(time.time() + 600, node, "slow")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "1 skipped" in out.stdout and "needs up to 900 s" in out.stdout, out.stdout
+
+
+def test_the_slow_suite_starts_its_longest_files_first() -> None:
+    """Under --dist loadfile a long file started last runs alone at the end (the 4B rehearsal did,
+    505 s, 2026-12-07): the files tests/conftest.py names start first, in its order, whatever
+    pytest-randomly's seed, and `make test-slow` keeps that order (--no-loadscope-reorder)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_root_conftest", REPO / "tests" / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    LONGEST_FIRST = conftest.LONGEST_FIRST  # noqa: N806
+
+    assert all((REPO / path).is_file() for path in LONGEST_FIRST), "a renamed file drops out of the order"
+    dry = subprocess.run(["make", "-n", "-o", "setup", "-o", ".venv/.cast_rl-installed", "test-slow"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert " --no-loadscope-reorder" in dry, dry
+    other = "tests/eval/test_eval_e2e.py"  # a slow file not in the list, given first, then the list reversed
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "slow and not rehearse", other,
+         *reversed(LONGEST_FIRST), "-p", "randomly", "--randomly-seed=7", "-p", "no:cacheprovider"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    files = list(dict.fromkeys(line.split("::", 1)[0] for line in out.stdout.splitlines() if "::" in line))
+    assert files == [*LONGEST_FIRST, other], files

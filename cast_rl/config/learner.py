@@ -4,6 +4,7 @@ their optional LoRA adapters.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from cast_rl.config._checks import _check_choice, _check_positive, _check_ray_resources
@@ -120,3 +121,10 @@ class LearnerConfig:
                 f"multiple of learner.micro_batch_size x learner.num_workers "
                 f"({self.micro_batch_size} x {self.num_workers})"
             )
+
+    def with_micro_batch(self, wanted: int) -> LearnerConfig:
+        """This config with the largest micro-batch of at most ``wanted`` sequences that divides a
+        rank's share of global_batch_size (the constraint above)."""
+        per_rank = self.global_batch_size // self.num_workers
+        size = max(d for d in range(1, min(wanted, per_rank) + 1) if per_rank % d == 0)
+        return dataclasses.replace(self, micro_batch_size=size)

@@ -151,6 +151,13 @@ class PipelineConfig:
     so the policy also sees critiques and the corrected step."""
     critic_lr: float = 1e-4
     """Learning rate of critic training."""
+    critic_micro_batch_size: int | None = None
+    """Critic examples per forward/backward pass in stage train_critic (None:
+    learner.micro_batch_size).  A critic example is short (the conversation cut to
+    critic.max_prompt_chars, the proposed action and the answer), so several share a pass, padded
+    to the longest of them; learner.max_tokens_per_micro_batch still caps a pass's padded tokens.
+    The same loss and gradient as one example per pass.  At most the rank's share of
+    learner.global_batch_size, rounded down to a divisor of it."""
     critic_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     """Learning-rate schedule of critic training (peak critic_lr)."""
     critic_loss: str = "single"
@@ -278,6 +285,8 @@ class PipelineConfig:
             _check_choice("pipeline.warmstart_errors[]", kind,
                           ("missing_confirmation", "wrong_argument", "fabricated_id"))
         _check_positive("pipeline.critic_lr", self.critic_lr)
+        if self.critic_micro_batch_size is not None:
+            _check_positive("pipeline.critic_micro_batch_size", self.critic_micro_batch_size)
         _check_choice("pipeline.critic_loss", self.critic_loss, CRITIC_LOSSES)
         for key in ("critic_verdict_weight", "critic_explanation_weight"):
             _check_positive(f"pipeline.{key}", getattr(self, key), allow_zero=True)

@@ -99,8 +99,9 @@ def test_learner_throughput() -> None:
     """The quickstart's model for the logits figure, then a one-rank FSDP group on a local Ray."""
     result = run_bench("learner_throughput", "--workers", "1", "--hidden", "64", "--layers", "1", "--batches", "2",
                        "--batch-size", "2", "--micro-batch-size", "2", "--min-len", "16", "--max-len", "32",
-                       "--sync-reps", "1", "--logits-batches", "2", "--logits-batch-size", "1", timeout=300)
-    assert_numbers(result, ["loss_token_logits_speedup", "fsdp_vs_plain_loop", "sync_vs_memcpy"])
+                       "--sync-reps", "1", "--logits-batches", "2", "--logits-batch-size", "1", "--critic-batches", "2",
+                       timeout=300)
+    assert_numbers(result, ["loss_token_logits_speedup", "critic_packing_speedup", "fsdp_vs_plain_loop", "sync_vs_memcpy"])
 
 
 def test_async_overlap() -> None:

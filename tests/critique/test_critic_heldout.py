@@ -38,6 +38,8 @@ from cast_rl.eval.critic_heldout import compare_critics, flat_heldout_metrics, h
 from cast_rl.pipeline.context import resolve_critic, stage_dir, trained_critic_path
 from cast_rl.pipeline.report import headline, write_pipeline_report
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def _action(traj: Any, index: int) -> dict[str, Any]:
     (action,) = [a for a in iter_actions(traj.messages) if a.message_index == index]
@@ -265,6 +267,47 @@ def test_train_critic_starts_from_the_model_critic_base_names(tmp_path: Path) ->
     model.mkdir(parents=True)
     (model / "config.json").write_text("{}")
     assert _critic_base(ctx) == model
+
+
+@pytest.mark.parametrize(("overrides", "wanted", "size"), [
+    (["learner.num_workers=1", "learner.micro_batch_size=1", "learner.global_batch_size=16"], 16, 16),
+    (["learner.num_workers=1", "learner.micro_batch_size=1", "learner.global_batch_size=4"], 16, 4),  # the rank's share
+    (["learner.num_workers=1", "learner.micro_batch_size=1", "learner.global_batch_size=6"], 4, 3),   # a divisor of it
+    (["learner.micro_batch_size=2", "learner.global_batch_size=16", "learner.num_workers=2"], 16, 8),
+])
+def test_learner_micro_batch_fits_the_rank_share(overrides: list[str], wanted: int, size: int) -> None:
+    learner = load_config(None, overrides).learner
+    assert learner.with_micro_batch(wanted).micro_batch_size == size
+
+
+@pytest.mark.parametrize(("key", "expected"), [(None, 1), (16, 16)])
+def test_train_critic_packs_its_examples_by_critic_micro_batch_size(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, key: int | None, expected: int,
+) -> None:
+    """Stage train_critic's learner takes pipeline.critic_micro_batch_size; the policy's stays."""
+    import transformers
+
+    import launchers.stages as stages
+
+    class Started(Exception):
+        pass
+
+    def learner_group(cfg: Any) -> None:
+        raise Started(cfg.learner)
+
+    cfg = load_config(REPO / "configs" / "quickstart.yaml",
+                      [f"run_dir={tmp_path}", f"pipeline.critic_micro_batch_size={'null' if key is None else key}"])
+    monkeypatch.setattr(stages, "LearnerGroup", learner_group)
+    monkeypatch.setattr(stages, "_critic_base", lambda ctx: tmp_path)
+    monkeypatch.setattr(stages, "supervised_from_parquet", lambda *a, **k: [None] * 284)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path: None)
+    ctx = SimpleNamespace(cfg=cfg, with_policy=lambda: cfg, policy_path=tmp_path,
+                          stage_dir=lambda stage: stage_dir(cfg, stage))
+    with pytest.raises(Started) as started:
+        stages.train_critic(ctx, tmp_path / "05_train_critic")
+    learner = started.value.args[0]
+    assert learner.micro_batch_size == expected and learner.lr == cfg.pipeline.critic_lr
+    assert cfg.learner.micro_batch_size == 1  # the policy's passes hold one conversation each
 
 
 def test_pipeline_report_labels_critics_and_copies_heldout_metrics(tmp_path: Path) -> None:
