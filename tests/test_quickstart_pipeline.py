@@ -14,6 +14,8 @@ minutes on two cores), hence ``slow`` and ``e2e``.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,15 +46,24 @@ def _pass1(report: dict, stage: str, budget: int, group: str = "retail/test", cr
 
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """One run of configs/quickstart.yaml in a temporary run directory, shared by the checks."""
-    from launchers.pipeline import run_pipeline
+    """One run of configs/quickstart.yaml in a temporary run directory, shared by the checks: the
+    command `make quickstart` runs (``cast-rl pipeline``), in its own process with its own local
+    Ray, so the slow tests beside it in this process (``ray_local``'s 2-CPU Ray) neither share
+    nor shrink its cluster (CI runs the e2e beside the other slow tests)."""
+    from cast_rl.pipeline.report import headline
 
     run = tmp_path_factory.mktemp("quickstart") / "qs"
-    cfg = load_config(REPO / "configs" / "quickstart.yaml", [
-        f"run_dir={run}", f"policy.path={run}/models/tiny-policy", f"critic.model.path={run}/models/tiny-critic",
-    ])
-    result = run_pipeline(cfg)
-    return {"cfg": cfg, "result": result, "report": json.loads(Path(result["report"]).read_text())}
+    overrides = [f"run_dir={run}", f"policy.path={run}/models/tiny-policy", f"critic.model.path={run}/models/tiny-critic"]
+    cfg = load_config(REPO / "configs" / "quickstart.yaml", overrides)
+    log = run.parent / "pipeline.log"
+    with log.open("w") as out:
+        done = subprocess.run([str(Path(sys.executable).with_name("cast-rl")), "pipeline", "configs/quickstart.yaml",
+                               *overrides], cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    assert done.returncode == 0, f"cast-rl pipeline failed ({done.returncode}); its log: {log}\n" + log.read_text()[-6000:]
+    result = json.loads((run / "pipeline.json").read_text())
+    report = json.loads(Path(result["report"]).read_text())
+    result["headline"] = headline(report)
+    return {"cfg": cfg, "result": result, "report": report}
 
 
 @pytest.mark.slow
