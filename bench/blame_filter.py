@@ -20,8 +20,9 @@ same library calls as the pipeline's stages:
    trajectory, with the same policy (``pipeline.blame_k``);
 4. *critic data* twice: ``off`` (every label) and ``filter`` (the training split leaves out the
    invalid labels blame checked and did not confirm); the held-out split is the same for both;
-5. *train the critic* twice from the same base tiny critic, same steps, learning rate and seed
-   (stage train_critic's ``train_supervised`` on one in-process learner rank);
+5. *train the critic* twice from the same base tiny critic, as stage train_critic does
+   (:func:`cast_rl.learner.loop.critic_learner_config` and ``train_critic_phase``: its steps,
+   learning rate and schedule, examples per pass, seed) on one in-process learner rank;
 6. *held-out metrics* of both trained critics on the one held-out split
    (:func:`cast_rl.eval.critic_heldout.compare_critics`, each critic served by its own vLLM engine).
 
@@ -243,19 +244,15 @@ def _train_critic(cfg: Any, train: Path, out: Path) -> Path:
     from transformers import AutoTokenizer
 
     from cast_rl.learner.engine import LearnerEngine
-    from cast_rl.learner.loop import train_supervised
+    from cast_rl.learner.loop import critic_learner_config, train_critic_phase
     from cast_rl.samples.parquet import supervised_from_parquet
     from cast_rl.telemetry import MetricsLogger
 
     torch.set_num_threads(max(1, int(cfg.learner.num_cpus_per_worker)))
-    samples = supervised_from_parquet(train, AutoTokenizer.from_pretrained(cfg.critic.model.path))
-    learner_cfg = dataclasses.replace(
-        cfg, policy=dataclasses.replace(cfg.policy, path=cfg.critic.model.path),
-        learner=dataclasses.replace(cfg.learner, lr=cfg.pipeline.critic_lr))
-    learner = LearnerEngine(learner_cfg)
+    samples = supervised_from_parquet(train, AutoTokenizer.from_pretrained(cfg.critic.model.path), mark_verdict=True)
+    learner = LearnerEngine(critic_learner_config(cfg, cfg.critic.model.path))
     with MetricsLogger(cfg.logging, out) as log:
-        train_supervised(learner, samples, cfg.pipeline.critic_train_steps, cfg.learner.global_batch_size,
-                         log, "critic", cfg.learner.seed)
+        train_critic_phase(learner, samples, cfg, log)
     model = learner.save_hf(out / "model")
     del learner
     return model

@@ -51,7 +51,7 @@ from cast_rl.eval.net_benefit import (
     noisy_expert_policy,
     write_benefit,
 )
-from cast_rl.learner.loop import train_supervised
+from cast_rl.learner.loop import critic_learner_config, train_critic_phase, train_supervised
 from cast_rl.learner.sample import Sample
 from cast_rl.learner.schedule import phase_steps
 from cast_rl.models.setup import ensure_model, training_corpus
@@ -93,15 +93,12 @@ def _supervised(trajs: list[Trajectory], tag: str, every_token: bool = False) ->
     ]
 
 
-def _learner(ctx: PipelineContext, lr: float, model_path: Path | None = None, micro_batch_size: int | None = None) -> Any:
-    """A learner group on ``model_path`` (default: the current policy) at ``lr``; with
-    ``micro_batch_size``, up to that many sequences per pass (``LearnerConfig.with_micro_batch``)."""
+def _learner(ctx: PipelineContext, lr: float, model_path: Path | None = None) -> Any:
+    """A learner group on ``model_path`` (default: the current policy) at ``lr`` (the critic's:
+    :func:`~cast_rl.learner.loop.critic_learner_config`)."""
     cfg = ctx.with_policy()
     policy = dataclasses.replace(cfg.policy, path=str(model_path or ctx.policy_path))
-    learner = dataclasses.replace(cfg.learner, lr=lr)
-    if micro_batch_size is not None:
-        learner = learner.with_micro_batch(micro_batch_size)
-    return LearnerGroup(dataclasses.replace(cfg, policy=policy, learner=learner))
+    return LearnerGroup(dataclasses.replace(cfg, policy=policy, learner=dataclasses.replace(cfg.learner, lr=lr)))
 
 
 def _collect(ctx: PipelineContext, out: Path, budget: int,
@@ -339,17 +336,14 @@ def train_critic(ctx: PipelineContext, out: Path) -> dict[str, Any]:
     base = _critic_base(ctx)
     samples = supervised_from_parquet(ctx.stage_dir("critic_data") / "train.parquet", AutoTokenizer.from_pretrained(base),
                                       mark_verdict=True)
-    batch = cfg.learner.global_batch_size
-    steps = phase_steps(pipe.critic_train_steps, pipe.critic_epochs, len(samples), batch)
-    learner = _learner(ctx, pipe.critic_lr, model_path=base, micro_batch_size=pipe.critic_micro_batch_size)
+    learner = LearnerGroup(critic_learner_config(ctx.with_policy(), base))
     with _metrics(ctx, "train_critic") as log:
         try:
-            losses = train_supervised(learner, samples, steps, batch, log, "critic", cfg.learner.seed,
-                                      schedule=pipe.critic_schedule, lr=pipe.critic_lr)
+            losses = train_critic_phase(learner, samples, cfg, log)
             model = learner.save_hf(out / "model")
         finally:
             learner.shutdown()
-        summary = {"examples": len(samples), "steps": steps, "loss_first": losses[0],
+        summary = {"examples": len(samples), "steps": len(losses), "loss_first": losses[0],
                    "loss_last": losses[-1], "model": str(model), "critic": critic_description(ctx.critic_config())}
         if cfg.pipeline.critic_heldout_eval:
             heldout = _heldout_critics(ctx, out, base, model)

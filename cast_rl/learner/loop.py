@@ -387,6 +387,32 @@ class TrainLoop:
             raise failure[0]
 
 
+def critic_learner_config(cfg: CastConfig, base: str | Path) -> CastConfig:
+    """The learner config of the critic's training (stage train_critic, and the benches that train
+    a critic as it does): the model at ``base``, ``pipeline.critic_lr``, and up to
+    ``pipeline.critic_micro_batch_size`` examples per pass (None: ``learner.micro_batch_size``),
+    rounded down to a divisor of a rank's share of the global batch
+    (:meth:`~cast_rl.config.learner.LearnerConfig.with_micro_batch`)."""
+    pipe = cfg.pipeline
+    learner = dataclasses.replace(cfg.learner, lr=pipe.critic_lr)
+    if pipe.critic_micro_batch_size is not None:
+        learner = learner.with_micro_batch(pipe.critic_micro_batch_size)
+    return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, path=str(base)), learner=learner)
+
+
+def train_critic_phase(learner: Any, samples: list[Sample], cfg: CastConfig, log: MetricsLogger) -> list[float]:
+    """The critic's training phase on ``learner`` (built from :func:`critic_learner_config`):
+    ``pipeline.critic_train_steps`` optimizer steps (or ``pipeline.critic_epochs`` passes) of
+    ``learner.global_batch_size`` examples, the learning rate following ``pipeline.critic_schedule``
+    up to ``pipeline.critic_lr``; returns the losses (logged as ``train/critic_*``)."""
+    from cast_rl.learner.schedule import phase_steps
+
+    pipe, batch = cfg.pipeline, cfg.learner.global_batch_size
+    steps = phase_steps(pipe.critic_train_steps, pipe.critic_epochs, len(samples), batch)
+    return train_supervised(learner, samples, steps, batch, log, "critic", cfg.learner.seed,
+                            schedule=pipe.critic_schedule, lr=pipe.critic_lr)
+
+
 def train_supervised(
     learner: Any, samples: list[Sample], steps: int, batch_size: int, log: MetricsLogger, tag: str, seed: int,
     schedule: ScheduleConfig | None = None, lr: float | None = None,

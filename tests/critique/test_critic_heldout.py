@@ -310,6 +310,62 @@ def test_train_critic_packs_its_examples_by_critic_micro_batch_size(
     assert cfg.learner.micro_batch_size == 1  # the policy's passes hold one conversation each
 
 
+def test_bench_blame_filter_trains_its_critics_as_stage_train_critic_does(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """bench/blame_filter.py's critics train through the stage's own config and phase: the
+    critic's learning rate, pipeline.critic_micro_batch_size examples per pass, the schedule and
+    the verdict marks (its learner once took neither the packing nor the schedule)."""
+    import importlib.util
+
+    import transformers
+
+    import cast_rl.learner.engine as engine
+    import cast_rl.learner.loop as loop
+    import cast_rl.samples.parquet as parquet
+
+    seen: dict[str, Any] = {}
+
+    class Engine:
+        def __init__(self, cfg: Any) -> None:
+            seen["cfg"] = cfg
+
+        def save_hf(self, path: Path) -> Path:
+            return path
+
+    def phase(learner: Any, samples: list, cfg: Any, log: Any) -> list[float]:
+        seen["phase"] = (learner, samples, cfg)
+        return [0.0]
+
+    def from_parquet(path: Path, tokenizer: Any, mark_verdict: bool = False) -> list:
+        seen["mark_verdict"] = mark_verdict
+        return ["example"]
+
+    monkeypatch.setattr(engine, "LearnerEngine", Engine)
+    monkeypatch.setattr(loop, "train_critic_phase", phase)
+    monkeypatch.setattr(parquet, "supervised_from_parquet", from_parquet)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path: None)
+    spec = importlib.util.spec_from_file_location("_blame_filter", REPO / "bench" / "blame_filter.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cfg = load_config(REPO / "configs" / "quickstart.yaml", [f"run_dir={tmp_path}", "logging.mode=disabled"])
+    bench._train_critic(cfg, tmp_path / "train.parquet", tmp_path / "critic")
+    trained = seen["cfg"]
+    assert trained.learner.micro_batch_size == cfg.pipeline.critic_micro_batch_size == 16
+    assert trained.learner.lr == cfg.pipeline.critic_lr and trained.policy.path == cfg.critic.model.path
+    assert seen["phase"][2] is cfg and seen["mark_verdict"] is True
+
+
+def test_critic_learner_config_without_the_key_keeps_the_learners_passes() -> None:
+    from cast_rl.learner.loop import critic_learner_config
+
+    cfg = load_config(REPO / "configs" / "quickstart.yaml", ["pipeline.critic_micro_batch_size=null"])
+    critic = critic_learner_config(cfg, "/models/critic")
+    assert critic.learner.micro_batch_size == cfg.learner.micro_batch_size == 1
+    assert critic.learner.lr == cfg.pipeline.critic_lr != cfg.learner.lr and critic.policy.path == "/models/critic"
+    assert cfg.policy.path != "/models/critic"  # a copy: the policy's config is untouched
+
+
 def test_pipeline_report_labels_critics_and_copies_heldout_metrics(tmp_path: Path) -> None:
     from cast_rl.eval.report import EvalRun, build_report
     from cast_rl.records import Trajectory
