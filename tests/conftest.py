@@ -160,8 +160,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 # 2026-12-07); `make test-slow` keeps the order (--no-loadscope-reorder), the rest follow as
 # collected (or shuffled by pytest-randomly).
 LONGEST_FIRST = (
-    "tests/test_quickstart_pipeline.py",           # the whole quickstart (e2e, about 1,000 s), then 500 s
     "tests/bench/test_benches.py",                 # 1,290 s (its benches, one after another)
+    "tests/test_quickstart_pipeline.py",           # the whole quickstart (e2e); else about 500 s
     "tests/test_paper_rehearsal.py",               # 505 s: the 4B layout's CPU rehearsal
     "tests/learner/test_grpo_vllm_learning.py",    # 430 s
     "tests/models/test_smollm2.py",                # 270 s

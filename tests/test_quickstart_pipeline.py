@@ -48,8 +48,9 @@ def _pass1(report: dict, stage: str, budget: int, group: str = "retail/test", cr
 def quickstart(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One run of configs/quickstart.yaml in a temporary run directory, shared by the checks: the
     command `make quickstart` runs (``cast-rl pipeline``), in its own process with its own local
-    Ray, so the slow tests beside it in this process (``ray_local``'s 2-CPU Ray) neither share
-    nor shrink its cluster (CI runs the e2e beside the other slow tests)."""
+    Ray.  `make test-slow` runs this file's other slow tests in the same test process, on
+    ``ray_local``'s 2-CPU Ray: an in-process pipeline would join that Ray and fail its own
+    resource check (4 CPUs), or leave its Ray running for them."""
     from cast_rl.pipeline.report import headline
 
     run = tmp_path_factory.mktemp("quickstart") / "qs"
