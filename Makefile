@@ -30,7 +30,6 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile launchers/install.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet uv==0.13.9
 	$(INSTALL) torch==2.13.0 -e '.[cpu,dev]'
 	$(INSTALL) --uninstall torchvision torchaudio torchcodec
 	$(INSTALL) --no-deps verl==0.9.1

@@ -23,8 +23,9 @@ left() { echo $((deadline - SECONDS > 10 ? deadline - SECONDS : 10)); }
 
 if [ ! -x "$PY" ]; then
   python3 -m venv "$VENV"
-  "$PY" -m pip install --quiet --upgrade pip
-  "$PY" -m pip install --quiet -e '.[gpu,dev]' > "$LOG/install.log" 2>&1 || { echo "gpu-check: install failed, see $LOG/install.log"; exit 1; }
+  # uv under pip's settings, as make setup installs (launchers/install.py): the CUDA stack's
+  # gigabytes in a fraction of pip's time, which the device's minutes are counted in
+  "$PY" -m launchers.install -e '.[gpu,dev]' > "$LOG/install.log" 2>&1 || { echo "gpu-check: install failed, see $LOG/install.log"; exit 1; }
 fi
 install_s=$SECONDS
 

@@ -12,15 +12,21 @@ indexes (the best version from any of them) is uv's ``--index-strategy unsafe-be
     python -m launchers.install --no-deps verl==0.9.1
     python -m launchers.install --uninstall torchvision torchaudio torchcodec
 
-Standard library only: it runs before anything is installed.
+Standard library only: it runs before anything is installed.  uv itself (:data:`UV`, pinned) is
+installed into the interpreter by pip on first use, so ``make setup`` and ``make gpu-check`` share
+one pin.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
+
+UV = "uv==0.13.9"
+"""The uv every install runs (pip installs it into the interpreter when it is missing)."""
 
 SECTIONS = ("global", "install", ":env:")
 """pip's sections that apply to ``pip install`` (``:env:`` is the ``PIP_*`` variables)."""
@@ -73,8 +79,15 @@ def command(args: Sequence[str], settings: dict[str, str], python: str = sys.exe
     return [*base, "install", "--quiet", "--compile-bytecode", "--python", python, *options, *args], env
 
 
+def ensure_uv() -> None:
+    """Install :data:`UV` into this interpreter with pip (and pip's settings) unless uv is there."""
+    if importlib.util.find_spec("uv") is None:
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", UV], check=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    ensure_uv()
     listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True)
     cmd, env = command(args, pip_settings(listed.stdout.splitlines()))
     return subprocess.run(cmd, env={**os.environ, **env}).returncode

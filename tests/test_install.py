@@ -11,7 +11,8 @@ import re
 import sys
 from pathlib import Path
 
-from launchers.install import SECTIONS, command, pip_settings, uv_options
+import launchers.install as install
+from launchers.install import SECTIONS, UV, command, pip_settings, uv_options
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -89,8 +90,33 @@ def test_the_makefile_installs_through_it() -> None:
     makefile = (REPO / "Makefile").read_text()
     recipe = makefile.split("$(STAMP):", 1)[1].split("\n\n", 1)[0]
     assert "INSTALL := $(BIN)/python -m launchers.install" in makefile
-    assert re.search(r"pip install --quiet uv==[\d.]+", recipe), recipe
+    assert "uv==" not in recipe  # one pin: launchers.install.UV, installed on first use
     for step in ("$(INSTALL) torch==", "$(INSTALL) --uninstall torchvision torchaudio torchcodec",
                  "$(INSTALL) --no-deps verl=="):
         assert step in recipe, step
     assert "pip install --quiet torch" not in recipe  # no second, slower install beside it
+
+
+def test_gpu_check_installs_through_it() -> None:
+    """`make gpu-check` installs the GPU extra as `make setup` installs the CPU one: a device's
+    minutes are counted, and pip took more than twice uv's time on the CPU stack."""
+    script = (REPO / "bench" / "gpu_check.sh").read_text()
+    assert """"$PY" -m launchers.install -e '.[gpu,dev]'""" in script
+    assert "pip install" not in script
+
+
+def test_uv_is_installed_with_pip_only_when_missing(monkeypatch) -> None:  # noqa: ANN001
+    """The first install of a fresh virtual environment brings the pinned uv in with pip; a later
+    one finds it and runs no pip."""
+    import importlib.util
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(install.subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    install.ensure_uv()
+    assert calls == [[sys.executable, "-m", "pip", "install", "--quiet", UV]]
+    assert re.fullmatch(r"uv==\d+\.\d+\.\d+", UV)
+    calls.clear()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    install.ensure_uv()
+    assert calls == []
